@@ -1,0 +1,66 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "npusim/dtype.h"
+#include "npusim/error.h"
+
+namespace npusim {
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_string(const Shape& shape);  // "[1, 3, 224, 224]"
+Shape contiguous_strides(const Shape& shape);  // in elements
+
+// A dense, row-major tensor. Storage is shared: copies of a Tensor alias the same bytes. A tensor made by
+// `Tensor::borrow` points into memory owned elsewhere (a mapped file) and keeps its owner alive.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(DType dtype, Shape shape);  // zero-filled
+  static Tensor borrow(DType dtype, Shape shape, const void* data, std::shared_ptr<const void> owner);
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim(int64_t index) const;  // negative index counts from the end
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  bool defined() const { return data_ != nullptr || numel() == 0; }
+
+  const std::byte* bytes() const { return data_; }
+  std::byte* mutable_bytes();  // fails on borrowed (read-only) tensors
+
+  template <typename T>
+  const T* data() const {
+    return reinterpret_cast<const T*>(data_);
+  }
+  template <typename T>
+  T* mutable_data() {
+    return reinterpret_cast<T*>(mutable_bytes());
+  }
+
+  // Same bytes, another shape with the same element count.
+  Tensor reshaped(Shape shape) const;
+  // Converted copy (or this tensor when already of that dtype).
+  Tensor to(DType dtype) const;
+  // Copy in the reference domain: fp32 for floats, int64 for integers, bool for bool.
+  Tensor to_reference() const { return to(reference_dtype(dtype_)); }
+  // Element i as double, whatever the dtype.
+  double element_as_double(int64_t index) const;
+  Tensor clone() const;
+
+ private:
+  DType dtype_ = DType::Float32;
+  Shape shape_;
+  std::shared_ptr<const void> owner_;
+  std::byte* data_ = nullptr;
+  bool writable_ = false;
+};
+
+}  // namespace npusim

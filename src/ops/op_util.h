@@ -1,0 +1,37 @@
+#pragma once
+// Helpers shared by the op families: dimension handling, broadcasting, type promotion, element access.
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "npusim/graph.h"
+#include "npusim/op_registry.h"
+#include "npusim/tensor.h"
+
+namespace npusim::ops {
+
+// Wraps a possibly negative dim into [0, rank); errors name the attribute.
+int64_t normalize_dim(int64_t dim, int64_t rank, const char* what = "dim");
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+// PyTorch-style promotion for two tensor operands (bool < integers < floats; wider wins).
+DType promote_types(DType a, DType b);
+// Result dtype of tensor `a` combined with a scalar attribute (a float scalar turns integers into float32).
+DType promote_with_scalar(DType a, bool scalar_is_float);
+
+// Index into a broadcast input: strides of `input` viewed with `out_shape` (0 on broadcast dims).
+std::vector<int64_t> broadcast_strides(const Shape& input, const Shape& out_shape);
+
+// Fresh zero-filled output in the reference domain.
+Tensor make_output(const TensorMeta& meta);
+
+// Common ShapeFn / checks.
+void expect_inputs(std::span<const TensorMeta> inputs, size_t count, const char* op);
+void expect_rank(const TensorMeta& meta, int rank, const char* what);
+TensorMeta same_as_input(std::span<const TensorMeta> inputs, size_t index = 0);
+
+// Reads element i of a reference-domain tensor (f32, i64 or bool) as double, and writes it back.
+double read_element(const Tensor& t, int64_t i);
+void write_element(Tensor& t, int64_t i, double value);
+
+}  // namespace npusim::ops
