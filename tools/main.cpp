@@ -1,1 +1,47 @@
-int main() { return 0; }
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "npusim/error.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(npusim: compile and run PyTorch models exported as torch_ir JSON
+
+usage: npusim COMMAND [options]   (npusim COMMAND --help for its options)
+
+commands:
+  run      run a graph on the reference CPU path and write or print its outputs
+  verify   compare two safetensors files tensor by tensor (Pearson r, top-5, argmax, max |diff|)
+  ops      list the supported ATen ops and the canonical op each maps to
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (command == "run") return npusim::cli::run_command(args);
+    if (command == "verify") return npusim::cli::verify_command(args);
+    if (command == "ops") return npusim::cli::ops_command(args);
+    std::fprintf(stderr, "npusim: unknown command '%s' (see npusim --help)\n", command.c_str());
+    return 2;
+  } catch (const npusim::Error& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of memory\n");
+    return 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,11 @@
+#pragma once
+#include <string>
+#include <vector>
+
+namespace npusim::cli {
+
+int run_command(const std::vector<std::string>& args);
+int verify_command(const std::vector<std::string>& args);
+int ops_command(const std::vector<std::string>& args);
+
+}  // namespace npusim::cli
