@@ -24,13 +24,22 @@ struct TensorMeta {
 
 enum class ValueKind : uint8_t { GraphInput, Weight, NodeOutput };
 
+// A weight computed at load time from other weights (BatchNorm folding, casts, layout packing), so that a
+// compiled program plus the original checkpoint is all a user needs.
+struct WeightTransform {
+  std::string kind;              // see runtime/weight_transforms.h
+  std::vector<int32_t> sources;  // ValueIds of the weights it reads (a -1 entry is an absent optional)
+  Attrs params;
+};
+
 struct Value {
   std::string name;  // IR tensor name (placeholder name for weights)
   TensorMeta meta;
   ValueKind kind = ValueKind::NodeOutput;
   int32_t producer = -1;      // node index for NodeOutput
   int32_t producer_slot = 0;  // output index within the producer
-  std::string weight_key;     // state_dict key for weights
+  std::string weight_key;     // state_dict key for weights; graph.constants holds folded constants by key
+  std::optional<WeightTransform> transform;  // derived weights only
 };
 
 struct Node {

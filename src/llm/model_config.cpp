@@ -198,8 +198,8 @@ void read_shapes(const FieldReader& fields, ModelConfig& config) {
     config.head_dim = *head_dim;
   } else {
     if (config.hidden_size % config.num_attention_heads != 0)
-      fields.error("num_attention_heads", "must divide hidden_size (" + std::to_string(config.hidden_size) +
-                                              ") when head_dim is not given");
+      fields.error("num_attention_heads",
+                   "must divide hidden_size (" + std::to_string(config.hidden_size) + ") when head_dim is not given");
     config.head_dim = config.hidden_size / config.num_attention_heads;
   }
 }
@@ -248,9 +248,9 @@ std::vector<float> llama3_inv_freq(std::vector<float> inv_freq, const RopeScalin
 std::vector<float> yarn_inv_freq(const ModelConfig& config, int64_t dim) {
   const RopeScaling& scaling = config.rope_scaling;
   const double base = config.rope_theta;
-  const auto context = static_cast<double>(scaling.original_max_position_embeddings > 0
-                                               ? scaling.original_max_position_embeddings
-                                               : config.max_position_embeddings);
+  const auto context =
+      static_cast<double>(scaling.original_max_position_embeddings > 0 ? scaling.original_max_position_embeddings
+                                                                       : config.max_position_embeddings);
   if (context <= 0)
     fail(config.source + ": RoPE type 'yarn' needs max_position_embeddings or original_max_position_embeddings");
   const auto correction_dim = [&](double rotations) {
@@ -273,8 +273,8 @@ std::vector<float> yarn_inv_freq(const ModelConfig& config, int64_t dim) {
   for (size_t i = 0; i < inv_freq.size(); ++i) {
     const float extrapolation = 1.0f / pos_freqs[i];
     const float interpolation = 1.0f / (factor * pos_freqs[i]);
-    const float ramp = std::clamp((static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low),
-                                  0.0f, 1.0f);
+    const float ramp =
+        std::clamp((static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f, 1.0f);
     const float extrapolation_factor = 1.0f - ramp;
     inv_freq[i] = interpolation * (1.0f - extrapolation_factor) + extrapolation * extrapolation_factor;
   }
@@ -330,9 +330,9 @@ int64_t ModelConfig::rotary_dim() const {
 
 std::vector<float> ModelConfig::rope_inv_freq(int64_t seq_len) const {
   const int64_t dim = rotary_dim();
-  if (dim < 2) fail(source + ": rotary dimension " + std::to_string(dim) + " is too small (head_dim " +
-                    std::to_string(head_dim) + ", partial_rotary_factor " + std::to_string(partial_rotary_factor) +
-                    ")");
+  if (dim < 2)
+    fail(source + ": rotary dimension " + std::to_string(dim) + " is too small (head_dim " + std::to_string(head_dim) +
+         ", partial_rotary_factor " + std::to_string(partial_rotary_factor) + ")");
   const std::string& type = rope_scaling.type;
   if (type == "default") return default_inv_freq(rope_theta, dim);
   if (type == "linear") {
@@ -341,8 +341,7 @@ std::vector<float> ModelConfig::rope_inv_freq(int64_t seq_len) const {
     return inv_freq;
   }
   if (type == "dynamic") {
-    if (max_position_embeddings <= 0)
-      fail(source + ": RoPE type 'dynamic' needs max_position_embeddings");
+    if (max_position_embeddings <= 0) fail(source + ": RoPE type 'dynamic' needs max_position_embeddings");
     const auto max_positions = static_cast<double>(max_position_embeddings);
     const double length = std::max(static_cast<double>(seq_len), max_positions);
     const double factor = rope_scaling.factor;

@@ -1,7 +1,10 @@
 // Elementwise ops: binary arithmetic, comparisons, logical and bitwise ops, unary math and activations, clamp,
 // where and masked_fill. Shapes broadcast and dtypes promote like PyTorch, scalar operands included.
 #include <cmath>
+#include <map>
+#include <memory>
 #include <numbers>
+#include <optional>
 
 #include "ops/elementwise_util.h"
 
@@ -182,41 +185,30 @@ std::string rounding_mode(const Attrs& attrs) {
   return mode;
 }
 
+// add: self + alpha * other; sub: self - alpha * other; rsub (reversed): other - alpha * self.
+BinaryOp scaled_sum_op(std::string name, std::initializer_list<std::string> op_types, bool subtracts, bool reversed) {
+  auto math = [subtracts, reversed](const Attrs& attrs) {
+    const double alpha = (subtracts ? -1.0 : 1.0) * float_alpha(attrs);
+    const int64_t int_alpha_value = wrapping_mul(subtracts ? -1 : 1, int_alpha(attrs));
+    return BinaryMath{[=](double a, double b) { return reversed ? b + alpha * a : a + alpha * b; },
+                      [=](int64_t a, int64_t b) {
+                        return reversed ? wrapping_add(b, wrapping_mul(int_alpha_value, a))
+                                        : wrapping_add(a, wrapping_mul(int_alpha_value, b));
+                      }};
+  };
+  return {std::move(name), spellings(op_types), {scalar_attr("other"), alpha_attr()}, alpha_checked(subtracts), math};
+}
+
 void register_arithmetic(OpRegistry& r) {
-  const std::vector<AttrSpec> other_alpha = {scalar_attr("other"), alpha_attr()};
-  r.add(make_binary({"add",
-                     spellings({"aten.add.Tensor", "aten.add_.Tensor", "aten.add.Scalar", "aten.add_.Scalar"}),
-                     other_alpha, alpha_checked(false), [](const Attrs& attrs) {
-                       const double alpha = float_alpha(attrs);
-                       const int64_t int_alpha_value = int_alpha(attrs);
-                       return BinaryMath{[alpha](double a, double b) { return a + alpha * b; },
-                                         [int_alpha_value](int64_t a, int64_t b) {
-                                           return wrapping_add(a, wrapping_mul(int_alpha_value, b));
-                                         }};
-                     }}));
-  r.add(make_binary({"sub",
-                     spellings({"aten.sub.Tensor", "aten.sub_.Tensor", "aten.sub.Scalar", "aten.sub_.Scalar"}),
-                     other_alpha, alpha_checked(true), [](const Attrs& attrs) {
-                       const double alpha = float_alpha(attrs);
-                       const int64_t int_alpha_value = int_alpha(attrs);
-                       return BinaryMath{[alpha](double a, double b) { return a - alpha * b; },
-                                         [int_alpha_value](int64_t a, int64_t b) {
-                                           return wrapping_sub(a, wrapping_mul(int_alpha_value, b));
-                                         }};
-                     }}));
-  // rsub(self, other) = other - alpha * self.
-  r.add(make_binary({"rsub", spellings({"aten.rsub.Tensor", "aten.rsub.Scalar"}), other_alpha, alpha_checked(true),
-                     [](const Attrs& attrs) {
-                       const double alpha = float_alpha(attrs);
-                       const int64_t int_alpha_value = int_alpha(attrs);
-                       return BinaryMath{[alpha](double a, double b) { return b - alpha * a; },
-                                         [int_alpha_value](int64_t a, int64_t b) {
-                                           return wrapping_sub(b, wrapping_mul(int_alpha_value, a));
-                                         }};
-                     }}));
+  r.add(make_binary(scaled_sum_op("add", {"aten.add.Tensor", "aten.add_.Tensor", "aten.add.Scalar", "aten.add_.Scalar"},
+                                  false, false)));
+  r.add(make_binary(scaled_sum_op("sub", {"aten.sub.Tensor", "aten.sub_.Tensor", "aten.sub.Scalar", "aten.sub_.Scalar"},
+                                  true, false)));
+  r.add(make_binary(scaled_sum_op("rsub", {"aten.rsub.Tensor", "aten.rsub.Scalar"}, true, true)));
   r.add(make_binary({"mul",
                      spellings({"aten.mul.Tensor", "aten.mul_.Tensor", "aten.mul.Scalar", "aten.mul_.Scalar"}),
-                     {scalar_attr("other")}, promoted,
+                     {scalar_attr("other")},
+                     promoted,
                      fixed_math({[](double a, double b) { return a * b; }, wrapping_mul})}));
 
   std::vector<AtenSpelling> div_spellings =
@@ -225,7 +217,8 @@ void register_arithmetic(OpRegistry& r) {
   for (const char* op_type : {"aten.floor_divide.default", "aten.floor_divide.Scalar", "aten.floor_divide_.Tensor"})
     div_spellings.push_back({op_type, {}, {{"rounding_mode", AttrValue{std::string("floor")}}}});
   r.add(make_binary(
-      {"div", std::move(div_spellings),
+      {"div",
+       std::move(div_spellings),
        {scalar_attr("other"), {"rounding_mode", AttrType::String, AttrValue{NoneValue{}}}},
        [](const Attrs& attrs, DType common) {
          if (rounding_mode(attrs).empty()) return is_floating(common) ? common : DType::Float32;
@@ -242,16 +235,22 @@ void register_arithmetic(OpRegistry& r) {
   r.add(make_binary({"remainder",
                      spellings({"aten.remainder.Tensor", "aten.remainder.Scalar", "aten.remainder_.Tensor",
                                 "aten.remainder_.Scalar"}),
-                     {scalar_attr("other")}, promoted, fixed_math({float_remainder, int_remainder})}));
-  r.add(make_binary(
-      {"fmod", spellings({"aten.fmod.Tensor", "aten.fmod.Scalar", "aten.fmod_.Tensor", "aten.fmod_.Scalar"}),
-       {scalar_attr("other")}, promoted, fixed_math({[](double a, double b) { return std::fmod(a, b); }, int_fmod})}));
+                     {scalar_attr("other")},
+                     promoted,
+                     fixed_math({float_remainder, int_remainder})}));
+  r.add(make_binary({"fmod",
+                     spellings({"aten.fmod.Tensor", "aten.fmod.Scalar", "aten.fmod_.Tensor", "aten.fmod_.Scalar"}),
+                     {scalar_attr("other")},
+                     promoted,
+                     fixed_math({[](double a, double b) { return std::fmod(a, b); }, int_fmod})}));
 
   // pow.Scalar has a scalar base (its `self`), renamed to `base`; pow.Tensor_Scalar a scalar `exponent`.
   std::vector<AtenSpelling> pow_spellings =
       spellings({"aten.pow.Tensor_Scalar", "aten.pow.Tensor_Tensor", "aten.pow_.Scalar", "aten.pow_.Tensor"});
   pow_spellings.push_back({"aten.pow.Scalar", {{"self", "base"}}, {}});
-  BinaryOp pow{"pow", std::move(pow_spellings), {scalar_attr("base"), scalar_attr("exponent")},
+  BinaryOp pow{"pow",
+               std::move(pow_spellings),
+               {scalar_attr("base"), scalar_attr("exponent")},
                [](const Attrs& attrs, DType common) {
                  if (!is_floating(common) && attrs.is_integer("exponent") && attrs.get_int("exponent") < 0)
                    fail("integers to negative integer powers are not allowed");
@@ -261,9 +260,15 @@ void register_arithmetic(OpRegistry& r) {
   pow.slots = {"base", "exponent"};
   r.add(make_binary(std::move(pow)));
 
-  r.add(make_binary({"maximum", spellings({"aten.maximum.default", "aten.max.other"}), {}, promoted,
+  r.add(make_binary({"maximum",
+                     spellings({"aten.maximum.default", "aten.max.other"}),
+                     {},
+                     promoted,
                      fixed_math({nan_max, [](int64_t a, int64_t b) { return std::max(a, b); }})}));
-  r.add(make_binary({"minimum", spellings({"aten.minimum.default", "aten.min.other"}), {}, promoted,
+  r.add(make_binary({"minimum",
+                     spellings({"aten.minimum.default", "aten.min.other"}),
+                     {},
+                     promoted,
                      fixed_math({nan_min, [](int64_t a, int64_t b) { return std::min(a, b); }})}));
 }
 
@@ -283,19 +288,29 @@ void register_comparisons(OpRegistry& r) {
   };
   for (const Comparison& c : comparisons) {
     const std::string name = c.name;
-    r.add(make_binary({name, spellings({"aten." + name + ".Tensor", "aten." + name + ".Scalar"}),
-                       {scalar_attr("other")}, boolean, fixed_math({c.on_float, c.on_int})}));
+    r.add(make_binary({name,
+                       spellings({"aten." + name + ".Tensor", "aten." + name + ".Scalar"}),
+                       {scalar_attr("other")},
+                       boolean,
+                       fixed_math({c.on_float, c.on_int})}));
   }
 
   const auto truth = [](double v) { return v != 0.0; };
-  r.add(make_binary({"logical_and", spellings({"aten.logical_and.default", "aten.logical_and_.default"}), {},
+  r.add(make_binary({"logical_and",
+                     spellings({"aten.logical_and.default", "aten.logical_and_.default"}),
+                     {},
                      boolean,
                      fixed_math({[truth](double a, double b) { return truth(a) && truth(b); },
                                  [](int64_t a, int64_t b) -> int64_t { return a != 0 && b != 0; }})}));
-  r.add(make_binary({"logical_or", spellings({"aten.logical_or.default", "aten.logical_or_.default"}), {}, boolean,
+  r.add(make_binary({"logical_or",
+                     spellings({"aten.logical_or.default", "aten.logical_or_.default"}),
+                     {},
+                     boolean,
                      fixed_math({[truth](double a, double b) { return truth(a) || truth(b); },
                                  [](int64_t a, int64_t b) -> int64_t { return a != 0 || b != 0; }})}));
-  r.add(make_binary({"logical_xor", spellings({"aten.logical_xor.default", "aten.logical_xor_.default"}), {},
+  r.add(make_binary({"logical_xor",
+                     spellings({"aten.logical_xor.default", "aten.logical_xor_.default"}),
+                     {},
                      boolean,
                      fixed_math({[truth](double a, double b) { return truth(a) != truth(b); },
                                  [](int64_t a, int64_t b) -> int64_t { return (a != 0) != (b != 0); }})}));
@@ -312,8 +327,8 @@ void register_comparisons(OpRegistry& r) {
     std::vector<AtenSpelling> names;
     for (const std::string& base : {std::string(b.name), std::string(b.dunder)})
       for (const char* overload : {".Tensor", ".Scalar"}) names.push_back({"aten." + base + overload, {}, {}});
-    r.add(make_binary({b.name, std::move(names), {scalar_attr("other")}, integer_only,
-                       fixed_math({reject_float_operands, b.op})}));
+    r.add(make_binary(
+        {b.name, std::move(names), {scalar_attr("other")}, integer_only, fixed_math({reject_float_operands, b.op})}));
   }
 }
 
@@ -346,9 +361,12 @@ std::function<UnaryMath(const Attrs&, DType)> plain(std::function<double(double)
 
 DType unary_result_dtype(UnaryResult result, DType input) {
   switch (result) {
-    case UnaryResult::SameAsInput: return input;
-    case UnaryResult::Floating: return is_floating(input) ? input : DType::Float32;
-    case UnaryResult::Bool: return DType::Bool;
+    case UnaryResult::SameAsInput:
+      return input;
+    case UnaryResult::Floating:
+      return is_floating(input) ? input : DType::Float32;
+    case UnaryResult::Bool:
+      return DType::Bool;
   }
   return input;
 }
@@ -364,7 +382,8 @@ OpDef make_unary(UnaryOp op) {
                                    std::span<const TensorMeta> outputs) {
     const UnaryMath math = shared->math(attrs, inputs[0].dtype());
     const bool in_float = is_floating(inputs[0].dtype()) || is_floating(outputs[0].dtype) || !math.on_int;
-    if (in_float) return std::vector<Tensor>{map_float(outputs[0], inputs, [&](auto v) { return math.on_float(v[0]); })};
+    if (in_float)
+      return std::vector<Tensor>{map_float(outputs[0], inputs, [&](auto v) { return math.on_float(v[0]); })};
     return std::vector<Tensor>{map_int(outputs[0], inputs, [&](auto v) { return math.on_int(v[0]); })};
   };
   return OpDef{shared->name, shared->spellings, shared->attrs, 1, 1, infer, reference};
@@ -416,14 +435,21 @@ void register_math(OpRegistry& r) {
   for (const Simple& op : float_math)
     r.add(make_unary({op.name, default_and_inplace(op.name), {}, floating, plain(op.on_float)}));
 
-  r.add(make_unary({"neg", default_and_inplace("neg"), {}, same,
+  r.add(make_unary({"neg",
+                    default_and_inplace("neg"),
+                    {},
+                    same,
                     plain([](double x) { return -x; }, [](int64_t x) { return wrapping_sub(0, x); }),
                     [](const Attrs&, DType input) {
                       if (input == DType::Bool) fail("negation of a bool tensor is not supported; use logical_not");
                     }}));
-  r.add(make_unary({"abs", default_and_inplace("abs"), {}, same, plain([](double x) { return std::fabs(x); }, int_abs)}));
+  r.add(
+      make_unary({"abs", default_and_inplace("abs"), {}, same, plain([](double x) { return std::fabs(x); }, int_abs)}));
   // sign(NaN) is 0 in PyTorch: both comparisons are false.
-  r.add(make_unary({"sign", default_and_inplace("sign"), {}, same,
+  r.add(make_unary({"sign",
+                    default_and_inplace("sign"),
+                    {},
+                    same,
                     plain([](double x) { return static_cast<double>((0 < x) - (x < 0)); },
                           [](int64_t x) -> int64_t { return (0 < x) - (x < 0); })}));
   r.add(make_unary(
@@ -432,16 +458,26 @@ void register_math(OpRegistry& r) {
       {"ceil", default_and_inplace("ceil"), {}, same, plain([](double x) { return std::ceil(x); }, identity_int)}));
   r.add(make_unary(
       {"trunc", default_and_inplace("trunc"), {}, same, plain([](double x) { return std::trunc(x); }, identity_int)}));
-  std::vector<AtenSpelling> round_spellings = spellings(
-      {"aten.round.default", "aten.round_.default", "aten.round.decimals", "aten.round_.decimals"});
-  r.add(make_unary({"round", std::move(round_spellings), {{"decimals", AttrType::Int, AttrValue{int64_t{0}}}}, same,
+  std::vector<AtenSpelling> round_spellings =
+      spellings({"aten.round.default", "aten.round_.default", "aten.round.decimals", "aten.round_.decimals"});
+  r.add(make_unary({"round",
+                    std::move(round_spellings),
+                    {{"decimals", AttrType::Int, AttrValue{int64_t{0}}}},
+                    same,
                     [](const Attrs& attrs, DType) {
                       const int64_t decimals = attrs.get_int("decimals", 0);
                       return UnaryMath{[decimals](double x) { return round_decimals(x, decimals); }, identity_int};
                     }}));
-  r.add(make_unary({"logical_not", default_and_inplace("logical_not"), {}, UnaryResult::Bool,
-                    plain([](double x) { return x == 0.0 ? 1.0 : 0.0; }, [](int64_t x) -> int64_t { return x == 0; })}));
-  r.add(make_unary({"bitwise_not", default_and_inplace("bitwise_not"), {}, same,
+  r.add(
+      make_unary({"logical_not",
+                  default_and_inplace("logical_not"),
+                  {},
+                  UnaryResult::Bool,
+                  plain([](double x) { return x == 0.0 ? 1.0 : 0.0; }, [](int64_t x) -> int64_t { return x == 0; })}));
+  r.add(make_unary({"bitwise_not",
+                    default_and_inplace("bitwise_not"),
+                    {},
+                    same,
                     [](const Attrs&, DType input) {
                       const auto reject = [](double) -> double { fail("bitwise_not needs a bool or integer input"); };
                       if (input == DType::Bool) return UnaryMath{reject, [](int64_t x) -> int64_t { return x == 0; }};
@@ -454,7 +490,10 @@ void register_math(OpRegistry& r) {
 
 void register_activations(OpRegistry& r) {
   const auto floating = UnaryResult::Floating;
-  r.add(make_unary({"relu", default_and_inplace("relu"), {}, UnaryResult::SameAsInput,
+  r.add(make_unary({"relu",
+                    default_and_inplace("relu"),
+                    {},
+                    UnaryResult::SameAsInput,
                     plain([](double x) { return std::isnan(x) ? x : std::max(x, 0.0); },
                           [](int64_t x) { return std::max<int64_t>(x, 0); })}));
 
@@ -462,18 +501,22 @@ void register_activations(OpRegistry& r) {
   const std::map<std::string, AttrValue> relu6_bounds = {{"min_val", AttrValue{0.0}}, {"max_val", AttrValue{6.0}}};
   hardtanh_spellings.push_back({"aten.relu6.default", {}, relu6_bounds});
   hardtanh_spellings.push_back({"aten.relu6_.default", {}, relu6_bounds});
-  r.add(make_unary({"hardtanh", std::move(hardtanh_spellings),
+  r.add(make_unary({"hardtanh",
+                    std::move(hardtanh_spellings),
                     {{"min_val", AttrType::Float, AttrValue{-1.0}}, {"max_val", AttrType::Float, AttrValue{1.0}}},
                     UnaryResult::SameAsInput,
                     [](const Attrs& attrs, DType) {
                       const double lo = attrs.get_float("min_val"), hi = attrs.get_float("max_val");
                       return UnaryMath{[lo, hi](double x) { return std::isnan(x) ? x : std::min(std::max(x, lo), hi); },
                                        [lo, hi](int64_t x) {
-                                         return std::min(std::max(x, static_cast<int64_t>(lo)), static_cast<int64_t>(hi));
+                                         return std::min(std::max(x, static_cast<int64_t>(lo)),
+                                                         static_cast<int64_t>(hi));
                                        }};
                     }}));
 
-  r.add(make_unary({"gelu", default_and_inplace("gelu"), {{"approximate", AttrType::String, AttrValue{std::string("none")}}},
+  r.add(make_unary({"gelu",
+                    default_and_inplace("gelu"),
+                    {{"approximate", AttrType::String, AttrValue{std::string("none")}}},
                     floating,
                     [](const Attrs& attrs, DType) {
                       if (attrs.get_string("approximate") == "tanh") {
@@ -489,35 +532,45 @@ void register_activations(OpRegistry& r) {
                       if (approximate != "none" && approximate != "tanh")
                         fail("gelu approximate must be \"none\" or \"tanh\", got \"" + approximate + "\"");
                     }}));
-  r.add(make_unary({"silu", default_and_inplace("silu"), {}, floating, plain([](double x) { return x * sigmoid(x); })}));
-  r.add(make_unary({"hardswish", default_and_inplace("hardswish"), {}, floating,
-                    plain([](double x) { return x * relu6(x + 3.0) / 6.0; })}));
-  r.add(make_unary({"hardsigmoid", default_and_inplace("hardsigmoid"), {}, floating,
-                    plain([](double x) { return relu6(x + 3.0) / 6.0; })}));
-  r.add(make_unary({"leaky_relu", default_and_inplace("leaky_relu"),
-                    {{"negative_slope", AttrType::Float, AttrValue{0.01}}}, floating, [](const Attrs& attrs, DType) {
+  r.add(
+      make_unary({"silu", default_and_inplace("silu"), {}, floating, plain([](double x) { return x * sigmoid(x); })}));
+  r.add(make_unary({"hardswish", default_and_inplace("hardswish"), {}, floating, plain([](double x) {
+                      return x * relu6(x + 3.0) / 6.0;
+                    })}));
+  r.add(make_unary({"hardsigmoid", default_and_inplace("hardsigmoid"), {}, floating, plain([](double x) {
+                      return relu6(x + 3.0) / 6.0;
+                    })}));
+  r.add(make_unary({"leaky_relu",
+                    default_and_inplace("leaky_relu"),
+                    {{"negative_slope", AttrType::Float, AttrValue{0.01}}},
+                    floating,
+                    [](const Attrs& attrs, DType) {
                       const double slope = attrs.get_float("negative_slope");
                       return float_only([slope](double x) { return x > 0 ? x : x * slope; });
                     }}));
-  r.add(make_unary({"elu", default_and_inplace("elu"),
+  r.add(make_unary({"elu",
+                    default_and_inplace("elu"),
                     {{"alpha", AttrType::Float, AttrValue{1.0}},
                      {"scale", AttrType::Float, AttrValue{1.0}},
                      {"input_scale", AttrType::Float, AttrValue{1.0}}},
-                    floating, [](const Attrs& attrs, DType) {
+                    floating,
+                    [](const Attrs& attrs, DType) {
                       const double alpha = attrs.get_float("alpha"), scale = attrs.get_float("scale"),
                                    input_scale = attrs.get_float("input_scale");
-                      return float_only([=](double x) {
-                        return x > 0 ? x * scale : std::expm1(x * input_scale) * alpha * scale;
-                      });
+                      return float_only(
+                          [=](double x) { return x > 0 ? x * scale : std::expm1(x * input_scale) * alpha * scale; });
                     }}));
-  r.add(make_unary({"softplus", spellings({"aten.softplus.default"}),
+  r.add(make_unary({"softplus",
+                    spellings({"aten.softplus.default"}),
                     {{"beta", AttrType::Float, AttrValue{1.0}}, {"threshold", AttrType::Float, AttrValue{20.0}}},
-                    floating, [](const Attrs& attrs, DType) {
+                    floating,
+                    [](const Attrs& attrs, DType) {
                       const double beta = attrs.get_float("beta"), threshold = attrs.get_float("threshold");
                       return float_only([=](double x) { return softplus(x, beta, threshold); });
                     }}));
-  r.add(make_unary({"mish", default_and_inplace("mish"), {}, floating,
-                    plain([](double x) { return x * std::tanh(std::log1p(std::exp(x))); })}));
+  r.add(make_unary({"mish", default_and_inplace("mish"), {}, floating, plain([](double x) {
+                      return x * std::tanh(std::log1p(std::exp(x)));
+                    })}));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -549,11 +602,10 @@ double clamp_float(double x, std::optional<double> lo, std::optional<double> hi)
 }
 
 OpDef clamp_op() {
-  std::vector<AtenSpelling> names =
-      spellings({"aten.clamp.default", "aten.clamp_.default", "aten.clamp.Tensor", "aten.clamp_.Tensor",
-                 "aten.clip.default", "aten.clip_.default", "aten.clip.Tensor", "aten.clamp_min.default",
-                 "aten.clamp_min_.default", "aten.clamp_min.Tensor", "aten.clamp_max.default",
-                 "aten.clamp_max_.default"});
+  std::vector<AtenSpelling> names = spellings(
+      {"aten.clamp.default", "aten.clamp_.default", "aten.clamp.Tensor", "aten.clamp_.Tensor", "aten.clip.default",
+       "aten.clip_.default", "aten.clip.Tensor", "aten.clamp_min.default", "aten.clamp_min_.default",
+       "aten.clamp_min.Tensor", "aten.clamp_max.default", "aten.clamp_max_.default"});
   names.push_back({"aten.clamp_max.Tensor", {}, {{"tensor_bound", AttrValue{std::string("max")}}}});
   ShapeFn infer = [](const Attrs& attrs, std::span<const TensorMeta> inputs) {
     const auto sources = clamp_sources(attrs, inputs.size());
@@ -580,13 +632,14 @@ OpDef clamp_op() {
       return x;
     })};
   };
-  return OpDef{"clamp",
-               std::move(names),
-               {scalar_attr("min"), scalar_attr("max"), {"tensor_bound", AttrType::String, AttrValue{std::string("min")}}},
-               1,
-               3,
-               infer,
-               reference};
+  return OpDef{
+      "clamp",
+      std::move(names),
+      {scalar_attr("min"), scalar_attr("max"), {"tensor_bound", AttrType::String, AttrValue{std::string("min")}}},
+      1,
+      3,
+      infer,
+      reference};
 }
 
 const std::vector<std::string> kWhereSlots = {"condition", "self", "other"};

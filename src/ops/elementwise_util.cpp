@@ -79,8 +79,10 @@ std::vector<SlotSource> resolve_slots(const Attrs& attrs, size_t input_count, st
 std::vector<TypedOperand> slot_operands(std::span<const SlotSource> sources, std::span<const TensorMeta> inputs) {
   std::vector<TypedOperand> operands;
   for (const SlotSource& source : sources) {
-    if (source.input >= 0) operands.push_back(tensor_operand(inputs[static_cast<size_t>(source.input)]));
-    else if (source.scalar) operands.push_back(scalar_operand(*source.scalar));
+    if (source.input >= 0)
+      operands.push_back(tensor_operand(inputs[static_cast<size_t>(source.input)]));
+    else if (source.scalar)
+      operands.push_back(scalar_operand(*source.scalar));
   }
   return operands;
 }
@@ -95,8 +97,10 @@ Shape slot_shape(std::span<const SlotSource> sources, std::span<const TensorMeta
 std::vector<Tensor> slot_tensors(std::span<const SlotSource> sources, std::span<const Tensor> inputs, DType dtype) {
   std::vector<Tensor> tensors;
   for (const SlotSource& source : sources) {
-    if (source.input >= 0) tensors.push_back(inputs[static_cast<size_t>(source.input)]);
-    else if (source.scalar) tensors.push_back(scalar_tensor(*source.scalar, dtype));
+    if (source.input >= 0)
+      tensors.push_back(inputs[static_cast<size_t>(source.input)]);
+    else if (source.scalar)
+      tensors.push_back(scalar_tensor(*source.scalar, dtype));
   }
   return tensors;
 }
@@ -118,44 +122,68 @@ double scalar_as_double(const AttrValue& value) {
 
 Tensor scalar_tensor(const AttrValue& value, DType dtype) {
   Tensor t(reference_dtype(dtype), {});
-  if (auto* i = std::get_if<int64_t>(&value)) store_int(t, 0, *i);
-  else if (auto* b = std::get_if<bool>(&value)) store_int(t, 0, *b ? 1 : 0);
-  else store_float(t, 0, scalar_as_double(value));
+  if (auto* i = std::get_if<int64_t>(&value))
+    store_int(t, 0, *i);
+  else if (auto* b = std::get_if<bool>(&value))
+    store_int(t, 0, *b ? 1 : 0);
+  else
+    store_float(t, 0, scalar_as_double(value));
   return t;
 }
 
 double load_float(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::Float32: return t.data<float>()[i];
-    case DType::Int64: return static_cast<float>(t.data<int64_t>()[i]);
-    case DType::Bool: return t.data<uint8_t>()[i] ? 1.0 : 0.0;
-    default: return static_cast<float>(t.element_as_double(i));
+    case DType::Float32:
+      return t.data<float>()[i];
+    case DType::Int64:
+      return static_cast<float>(t.data<int64_t>()[i]);
+    case DType::Bool:
+      return t.data<uint8_t>()[i] ? 1.0 : 0.0;
+    default:
+      return static_cast<float>(t.element_as_double(i));
   }
 }
 
 int64_t load_int(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::Int64: return t.data<int64_t>()[i];
-    case DType::Bool: return t.data<uint8_t>()[i] ? 1 : 0;
-    default: return to_int64(t.element_as_double(i));
+    case DType::Int64:
+      return t.data<int64_t>()[i];
+    case DType::Bool:
+      return t.data<uint8_t>()[i] ? 1 : 0;
+    default:
+      return to_int64(t.element_as_double(i));
   }
 }
 
 void store_float(Tensor& t, int64_t i, double value) {
   switch (t.dtype()) {
-    case DType::Float32: t.mutable_data<float>()[i] = static_cast<float>(value); return;
-    case DType::Int64: t.mutable_data<int64_t>()[i] = to_int64(value); return;
-    case DType::Bool: t.mutable_data<uint8_t>()[i] = value != 0.0 ? 1 : 0; return;
-    default: fail("store_float: tensor is not in the reference domain (" + std::string(dtype_name(t.dtype())) + ")");
+    case DType::Float32:
+      t.mutable_data<float>()[i] = static_cast<float>(value);
+      return;
+    case DType::Int64:
+      t.mutable_data<int64_t>()[i] = to_int64(value);
+      return;
+    case DType::Bool:
+      t.mutable_data<uint8_t>()[i] = value != 0.0 ? 1 : 0;
+      return;
+    default:
+      fail("store_float: tensor is not in the reference domain (" + std::string(dtype_name(t.dtype())) + ")");
   }
 }
 
 void store_int(Tensor& t, int64_t i, int64_t value) {
   switch (t.dtype()) {
-    case DType::Float32: t.mutable_data<float>()[i] = static_cast<float>(value); return;
-    case DType::Int64: t.mutable_data<int64_t>()[i] = value; return;
-    case DType::Bool: t.mutable_data<uint8_t>()[i] = value != 0 ? 1 : 0; return;
-    default: fail("store_int: tensor is not in the reference domain (" + std::string(dtype_name(t.dtype())) + ")");
+    case DType::Float32:
+      t.mutable_data<float>()[i] = static_cast<float>(value);
+      return;
+    case DType::Int64:
+      t.mutable_data<int64_t>()[i] = value;
+      return;
+    case DType::Bool:
+      t.mutable_data<uint8_t>()[i] = value != 0 ? 1 : 0;
+      return;
+    default:
+      fail("store_int: tensor is not in the reference domain (" + std::string(dtype_name(t.dtype())) + ")");
   }
 }
 

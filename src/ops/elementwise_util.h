@@ -34,7 +34,7 @@ bool is_number(const AttrValue& value);  // int, float or bool
 // With fewer inputs than slots, the slots whose attribute is present become scalars (the later ones first);
 // inputs fill the remaining slots in order. `absent_ok` slots may be neither (clamp bounds).
 struct SlotSource {
-  int input = -1;                    // index into the inputs, or -1
+  int input = -1;                     // index into the inputs, or -1
   const AttrValue* scalar = nullptr;  // the attribute, when the slot is a scalar
   bool present() const { return input >= 0 || scalar != nullptr; }
 };

@@ -132,49 +132,60 @@ int hardware_threads() {
   return count;
 }
 
-// B(p, j) for either layout.
-inline const float* b_element(const GemmArgs& g, int64_t p, int64_t j) {
-  return g.b_transposed ? g.b + j * g.ldb + p : g.b + p * g.ldb + j;
-}
-
 // Packs rows [row0, row0 + rows) x columns [col0, col0 + kc) of A into kMr-row panels, zero-padding the last.
 void pack_a(const GemmArgs& g, int64_t row0, int64_t rows, int64_t col0, int64_t kc, float* out) {
-  for (int64_t panel = 0; panel < rows; panel += kMr) {
+  for (int64_t panel = 0; panel < rows; panel += kMr, out += kMr * kc) {
     const int64_t valid = std::min<int64_t>(kMr, rows - panel);
-    for (int64_t r = 0; r < kMr; ++r) {
-      if (r >= valid) {
-        for (int64_t p = 0; p < kc; ++p) out[p * kMr + r] = 0.0f;
-        continue;
-      }
-      const float* src = g.a + (row0 + panel + r) * g.lda + col0;
-      for (int64_t p = 0; p < kc; ++p) out[p * kMr + r] = src[p];
+    const float* src[kMr];
+    for (int64_t r = 0; r < kMr; ++r) src[r] = g.a + (row0 + panel + std::min(r, valid - 1)) * g.lda + col0;
+    if (valid == kMr) {
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < kMr; ++r) out[p * kMr + r] = src[r][p];
+    } else {
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < kMr; ++r) out[p * kMr + r] = r < valid ? src[r][p] : 0.0f;
     }
-    out += kMr * kc;
+  }
+}
+
+// Scatters one row of B (cols values) into row p of consecutive NR-column panels of height kc.
+template <int64_t NR>
+void scatter_b_row(const float* row, int64_t cols, int64_t p, int64_t kc, float* out) {
+  int64_t panel = 0;
+  for (; panel + NR <= cols; panel += NR, out += NR * kc) std::copy(row + panel, row + panel + NR, out + p * NR);
+  if (panel < cols) {
+    float* dst = out + p * NR;
+    std::copy(row + panel, row + cols, dst);
+    std::fill(dst + (cols - panel), dst + NR, 0.0f);
   }
 }
 
 // Packs rows [row0, row0 + kc) x columns [col0, col0 + cols) of B into nr-column panels, zero-padding the last.
 void pack_b(const GemmArgs& g, int64_t row0, int64_t kc, int64_t col0, int64_t cols, int64_t nr, float* out) {
-  for (int64_t panel = 0; panel < cols; panel += nr) {
-    const int64_t valid = std::min(nr, cols - panel);
-    if (g.b_transposed) {
+  if (g.b_transposed) {
+    for (int64_t panel = 0; panel < cols; panel += nr, out += nr * kc) {
+      const int64_t valid = std::min(nr, cols - panel);
       for (int64_t j = 0; j < nr; ++j) {
         if (j >= valid) {
           for (int64_t p = 0; p < kc; ++p) out[p * nr + j] = 0.0f;
           continue;
         }
-        const float* src = b_element(g, row0, col0 + panel + j);
+        const float* src = g.b + (col0 + panel + j) * g.ldb + row0;
         for (int64_t p = 0; p < kc; ++p) out[p * nr + j] = src[p];
       }
-    } else {
-      for (int64_t p = 0; p < kc; ++p) {
-        const float* src = b_element(g, row0 + p, col0 + panel);
-        float* dst = out + p * nr;
-        for (int64_t j = 0; j < valid; ++j) dst[j] = src[j];
-        for (int64_t j = valid; j < nr; ++j) dst[j] = 0.0f;
-      }
     }
-    out += nr * kc;
+    return;
+  }
+  thread_local std::vector<float> produced;
+  if (g.b_rows) produced.resize(static_cast<size_t>(cols));
+  for (int64_t p = 0; p < kc; ++p) {
+    const float* row = g.b_rows ? produced.data() : g.b + (row0 + p) * g.ldb + col0;
+    if (g.b_rows) (*g.b_rows)(row0 + p, col0, cols, produced.data());
+    if (nr == 16) {
+      scatter_b_row<16>(row, cols, p, kc, out);
+    } else {
+      scatter_b_row<8>(row, cols, p, kc, out);
+    }
   }
 }
 
@@ -225,7 +236,9 @@ void gemm_blocked(const GemmArgs& g, const Kernels& kern) {
   }
 }
 
-inline void finish(float* c, float sum, float alpha, float beta) { *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c; }
+inline void finish(float* c, float sum, float alpha, float beta) {
+  *c = beta == 0.0f ? alpha * sum : alpha * sum + beta * *c;
+}
 
 // Few rows or few columns: no packing. Rows of A are dotted with contiguous rows of B (transposing B first when it
 // is [k, n]), split over whichever of m and n is larger.
@@ -307,25 +320,43 @@ int gemm_threads_for(int64_t work, int max_threads) {
   return static_cast<int>(std::clamp<int64_t>(work / kWorkPerThread, 1, limit));
 }
 
-void gemm_f32(const GemmArgs& g) {
-  if (g.m <= 0 || g.n <= 0) return;
-  if (g.k <= 0) {
-    scale_c(g);
+void gemm_f32(const GemmArgs& args) {
+  if (args.m <= 0 || args.n <= 0) return;
+  if (args.k <= 0) {
+    scale_c(args);
     return;
   }
   const Kernels& kern = kernels();
-  const int threads = gemm_threads_for(g.m * g.n * g.k, g.max_threads);
+  const int threads = gemm_threads_for(args.m * args.n * args.k, args.max_threads);
   constexpr int64_t kFewRows = 4;
+  const bool few = args.m <= kFewRows || args.n <= kFewRows;
+
+  std::vector<float> produced_b;
+  GemmArgs g = args;
+  if (few && g.b_rows) {
+    // The unpacked paths read B directly: produce all of it first.
+    produced_b.resize(static_cast<size_t>(g.k * g.n));
+    for (int64_t p = 0; p < g.k; ++p) (*g.b_rows)(p, 0, g.n, produced_b.data() + p * g.n);
+    g.b = produced_b.data();
+    g.ldb = g.n;
+    g.b_rows = nullptr;
+  }
   if (g.m <= kFewRows && !g.b_transposed) return gemm_by_axpy(g, kern, threads);
-  if (g.m <= kFewRows || g.n <= kFewRows) return gemm_by_dots(g, kern, threads);
+  if (few) return gemm_by_dots(g, kern, threads);
 
   // Split C into row or column blocks, one per thread, along its longer side.
   if (g.n >= g.m) {
     parallel_chunks(g.n, threads, kern.nr, [&](int64_t j0, int64_t j1) {
       GemmArgs part = g;
       part.n = j1 - j0;
-      part.b = b_element(g, 0, j0);
       part.c = g.c + j0;
+      GemmRowSource shifted;
+      if (g.b_rows) {
+        shifted = [&g, j0](int64_t p, int64_t col, int64_t count, float* out) { (*g.b_rows)(p, col + j0, count, out); };
+        part.b_rows = &shifted;
+      } else {
+        part.b = g.b_transposed ? g.b + j0 * g.ldb : g.b + j0;
+      }
       gemm_blocked(part, kern);
     });
   } else {

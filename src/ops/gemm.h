@@ -2,10 +2,15 @@
 // A cache-blocked fp32 matrix multiply shared by the reference implementations (conv, linear, matmul, attention).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <thread>
 #include <vector>
 
 namespace npusim::ops {
+
+// Writes row p, columns [col, col + count) of a B operand that is produced on the fly (a convolution's im2col
+// matrix) into `out`. Called concurrently from several threads.
+using GemmRowSource = std::function<void(int64_t p, int64_t col, int64_t count, float* out)>;
 
 // C[m, n] = alpha * A[m, k] · B + beta * C, accumulated in fp32. Row-major operands with explicit row strides.
 // B is [k, n] (row stride ldb), or [n, k] when `b_transposed` (the layout of a linear weight).
@@ -19,6 +24,7 @@ struct GemmArgs {
   const float* b = nullptr;
   int64_t ldb = 0;
   bool b_transposed = false;
+  const GemmRowSource* b_rows = nullptr;  // when set, B is [k, n] and comes from here instead of `b`
   float* c = nullptr;
   int64_t ldc = 0;
   float alpha = 1.0f;

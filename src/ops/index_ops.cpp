@@ -61,8 +61,8 @@ int64_t dot(const std::vector<int64_t>& position, const std::vector<int64_t>& st
 // Advanced indexing (index.Tensor, index_put): a list of index tensors, some slots None (= take the whole dim).
 
 struct IndexPlan {
-  Shape result;                     // shape of self[indices]
-  Shape broadcast;                  // the index tensors broadcast together
+  Shape result;                      // shape of self[indices]
+  Shape broadcast;                   // the index tensors broadcast together
   std::vector<size_t> indexed_dims;  // self dimension of each index tensor
   // For each result dimension: the self dimension it walks, or nullopt for a broadcast index dimension.
   std::vector<std::optional<size_t>> result_to_self;
@@ -95,11 +95,13 @@ std::vector<bool> none_slots(const Attrs& attrs, size_t index_count, const std::
   return mask;
 }
 
-IndexPlan plan_index(const Attrs& attrs, const Shape& self, std::span<const TensorMeta> indices, const std::string& op) {
+IndexPlan plan_index(const Attrs& attrs, const Shape& self, std::span<const TensorMeta> indices,
+                     const std::string& op) {
   if (indices.empty()) fail(op + ": needs at least one index tensor");
   const std::vector<bool> none = none_slots(attrs, indices.size(), op);
   if (none.size() > self.size())
-    fail(op + ": " + std::to_string(none.size()) + " indices given for a tensor of rank " + std::to_string(self.size()));
+    fail(op + ": " + std::to_string(none.size()) + " indices given for a tensor of rank " +
+         std::to_string(self.size()));
   IndexPlan plan;
   plan.broadcast = indices[0].shape;
   size_t next = 0;
@@ -118,7 +120,8 @@ IndexPlan plan_index(const Attrs& attrs, const Shape& self, std::span<const Tens
     return std::find(plan.indexed_dims.begin(), plan.indexed_dims.end(), d) != plan.indexed_dims.end();
   };
   for (size_t d = 0; d < self.size(); ++d) {
-    if (d == plan.broadcast_start && adjacent) plan.result_to_self.resize(plan.result_to_self.size() + plan.broadcast.size());
+    if (d == plan.broadcast_start && adjacent)
+      plan.result_to_self.resize(plan.result_to_self.size() + plan.broadcast.size());
     if (!is_indexed(d)) plan.result_to_self.push_back(d);
   }
   if (!adjacent) plan.result_to_self.insert(plan.result_to_self.begin(), plan.broadcast.size(), std::nullopt);
@@ -166,7 +169,7 @@ std::vector<Tensor> index_reference(const Attrs& attrs, std::span<const Tensor> 
   std::vector<TensorMeta> index_metas;
   for (const Tensor& index : inputs.subspan(1)) index_metas.push_back({index.shape(), DType::Int64});
   const IndexPlan plan = plan_index(attrs, inputs[0].shape(), index_metas, "index");
-  Tensor out = make_output(outputs[0]);
+  Tensor out(inputs[0].dtype(), outputs[0].shape);
   const std::vector<int64_t> offsets = gathered_offsets(plan, inputs[0].shape(), inputs.subspan(1), "index");
   for (size_t i = 0; i < offsets.size(); ++i) copy_element(inputs[0], offsets[i], out, static_cast<int64_t>(i));
   return {out};
@@ -197,8 +200,10 @@ std::vector<Tensor> index_put_reference(const Attrs& attrs, std::span<const Tens
   std::vector<int64_t> position(plan.result.size(), 0);
   for (int64_t offset : offsets) {
     const int64_t source = dot(position, value_strides);
-    if (accumulate) add_element(values, source, out, offset);
-    else copy_element(values, source, out, offset);
+    if (accumulate)
+      add_element(values, source, out, offset);
+    else
+      copy_element(values, source, out, offset);
     next_position(position, plan.result);
   }
   return {out};
@@ -247,7 +252,7 @@ std::vector<Tensor> index_select_reference(const Attrs& attrs, std::span<const T
   const AlongDim a = along_dim(attrs, self.shape(), "index_select");
   const int64_t size = self.shape()[a.dim];
   const int64_t count = inputs[1].numel();
-  Tensor out = make_output(outputs[0]);
+  Tensor out(self.dtype(), outputs[0].shape);
   for (int64_t l = 0; l < count; ++l) {
     const int64_t row = checked_index(inputs[1].data<int64_t>()[l], size, "index_select");
     for (int64_t o = 0; o < a.outer; ++o)
@@ -264,9 +269,8 @@ std::vector<TensorMeta> infer_index_copy(const Attrs& attrs, std::span<const Ten
   Shape expected = self;
   expected[a.dim] = shape_numel(inputs[1].shape);
   if (inputs[2].shape != expected)
-    fail("index_copy: source of shape " + shape_string(inputs[2].shape) + " does not match " +
-         shape_string(expected) + " (self " + shape_string(self) + " with dimension " + std::to_string(a.dim) +
-         " sized by the index)");
+    fail("index_copy: source of shape " + shape_string(inputs[2].shape) + " does not match " + shape_string(expected) +
+         " (self " + shape_string(self) + " with dimension " + std::to_string(a.dim) + " sized by the index)");
   return {inputs[0]};
 }
 
@@ -327,9 +331,10 @@ std::vector<Tensor> gather_reference(const Attrs& attrs, std::span<const Tensor>
                                      std::span<const TensorMeta> outputs) {
   const Shape& self = inputs[0].shape();
   const size_t dim = static_cast<size_t>(normalize_dim(attrs.get_int("dim"), rank_of(self)));
-  Tensor out = make_output(outputs[0]);
-  for_each_addressed(inputs[1], self, dim, "gather",
-                     [&](const std::vector<int64_t>&, int64_t i, int64_t offset) { copy_element(inputs[0], offset, out, i); });
+  Tensor out(inputs[0].dtype(), outputs[0].shape);
+  for_each_addressed(inputs[1], self, dim, "gather", [&](const std::vector<int64_t>&, int64_t i, int64_t offset) {
+    copy_element(inputs[0], offset, out, i);
+  });
   return {out};
 }
 
@@ -341,7 +346,8 @@ std::vector<TensorMeta> infer_scatter(const Attrs& attrs, std::span<const Tensor
     const Shape& src = inputs[2].shape;
     bool fits = src.size() == inputs[1].shape.size();
     for (size_t d = 0; fits && d < src.size(); ++d) fits = inputs[1].shape[d] <= src[d];
-    if (!fits) fail(op + ": src of shape " + shape_string(src) + " is smaller than index " + shape_string(inputs[1].shape));
+    if (!fits)
+      fail(op + ": src of shape " + shape_string(src) + " is smaller than index " + shape_string(inputs[1].shape));
   } else if (attrs.is_none("value")) {
     fail(op + ": needs a src tensor or a 'value' attribute");
   }
@@ -349,24 +355,27 @@ std::vector<TensorMeta> infer_scatter(const Attrs& attrs, std::span<const Tensor
 }
 
 template <bool Accumulate>
-std::vector<Tensor> scatter_reference(const Attrs& attrs, std::span<const Tensor> inputs,
-                                      std::span<const TensorMeta> outputs) {
+std::vector<Tensor> scatter_reference(const Attrs& attrs, std::span<const Tensor> inputs, std::span<const TensorMeta>) {
   Tensor out = inputs[0].clone();
   Tensor src;
   if (inputs.size() == 3) {
     src = inputs[2].to(out.dtype());
   } else {
-    src = make_output({{}, outputs[0].dtype});
-    if (src.dtype() == DType::Int64 && attrs.is_integer("value")) src.mutable_data<int64_t>()[0] = attrs.get_int("value");
-    else write_element(src, 0, attrs.get_float("value"));
+    src = Tensor(out.dtype(), {});
+    if (src.dtype() == DType::Int64 && attrs.is_integer("value"))
+      src.mutable_data<int64_t>()[0] = attrs.get_int("value");
+    else
+      write_element(src, 0, attrs.get_float("value"));
   }
   const Shape src_strides = src.rank() == 0 ? Shape(inputs[1].shape().size(), 0) : contiguous_strides(src.shape());
   const size_t dim = static_cast<size_t>(normalize_dim(attrs.get_int("dim"), out.rank()));
   for_each_addressed(inputs[1], out.shape(), dim, "scatter",
                      [&](const std::vector<int64_t>& position, int64_t, int64_t offset) {
                        const int64_t from = dot(position, src_strides);
-                       if (Accumulate) add_element(src, from, out, offset);
-                       else copy_element(src, from, out, offset);
+                       if (Accumulate)
+                         add_element(src, from, out, offset);
+                       else
+                         copy_element(src, from, out, offset);
                      });
   return {out};
 }
@@ -377,55 +386,44 @@ AttrSpec optional(std::string name, AttrType type) { return {std::move(name), ty
 AttrSpec with_default(std::string name, AttrType type, AttrValue value) { return {std::move(name), type, value}; }
 AttrSpec dim_attr() { return {"dim", AttrType::Int, std::nullopt, true}; }
 
+// The reference recomputes the output metas from the tensors it receives, so it never trusts unchecked shapes.
+template <auto Infer, auto Compute>
+OpDef checked_op(std::string name, std::vector<AtenSpelling> spellings, std::vector<AttrSpec> attrs, int min_inputs,
+                 int max_inputs) {
+  OpDef def{std::move(name), std::move(spellings), std::move(attrs), min_inputs, max_inputs, Infer, nullptr};
+  def.reference = [](const Attrs& a, std::span<const Tensor> inputs, std::span<const TensorMeta>) {
+    std::vector<TensorMeta> metas;
+    for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
+    return Compute(a, inputs, Infer(a, metas));
+  };
+  return def;
+}
+
 }  // namespace
 
 void register_index_ops(OpRegistry& r) {
   // `_tensor_list_none_masks` (no AttrSpec: no AttrType holds a bool list) flags the None slots of the one index
   // list, as a flat bool list: the reader flattens torch_ir's one-list nesting [[...]].
-  r.add(OpDef{"index",
-              {aten("aten.index.Tensor"), aten("aten._unsafe_index.Tensor")},
-              {optional("_tensor_list_sizes", AttrType::Ints)},
-              2,
-              -1,
-              infer_index,
-              index_reference});
-  r.add(OpDef{"index_put",
-              {aten("aten.index_put.default"), aten("aten.index_put_.default"), aten("aten._unsafe_index_put.default")},
-              {with_default("accumulate", AttrType::Bool, false), optional("_tensor_list_sizes", AttrType::Ints)},
-              3,
-              -1,
-              infer_index_put,
-              index_put_reference});
-  r.add(OpDef{"index_select", {aten("aten.index_select.default")}, {dim_attr()}, 2, 2, infer_index_select,
-              index_select_reference});
-  r.add(OpDef{"index_copy",
-              {aten("aten.index_copy.default"), aten("aten.index_copy_.default")},
-              {with_default("dim", AttrType::Int, int64_t{0})},
-              3,
-              3,
-              infer_index_copy,
-              index_copy_reference});
-  r.add(OpDef{"gather",
-              {aten("aten.gather.default")},
-              {dim_attr(), with_default("sparse_grad", AttrType::Bool, false)},
-              2,
-              2,
-              infer_gather,
-              gather_reference});
-  r.add(OpDef{"scatter",
-              {aten("aten.scatter.src"), aten("aten.scatter.value"), aten("aten.scatter_.src"), aten("aten.scatter_.value")},
-              {dim_attr(), optional("value", AttrType::Scalar)},
-              2,
-              3,
-              infer_scatter,
-              scatter_reference<false>});
-  r.add(OpDef{"scatter_add",
-              {aten("aten.scatter_add.default"), aten("aten.scatter_add_.default")},
-              {dim_attr()},
-              3,
-              3,
-              infer_scatter,
-              scatter_reference<true>});
+  r.add(checked_op<infer_index, index_reference>("index",
+                                                 {aten("aten.index.Tensor"), aten("aten._unsafe_index.Tensor")},
+                                                 {optional("_tensor_list_sizes", AttrType::Ints)}, 2, -1));
+  r.add(checked_op<infer_index_put, index_put_reference>(
+      "index_put",
+      {aten("aten.index_put.default"), aten("aten.index_put_.default"), aten("aten._unsafe_index_put.default")},
+      {with_default("accumulate", AttrType::Bool, false), optional("_tensor_list_sizes", AttrType::Ints)}, 3, -1));
+  r.add(checked_op<infer_index_select, index_select_reference>("index_select", {aten("aten.index_select.default")},
+                                                               {dim_attr()}, 2, 2));
+  r.add(checked_op<infer_index_copy, index_copy_reference>(
+      "index_copy", {aten("aten.index_copy.default"), aten("aten.index_copy_.default")},
+      {with_default("dim", AttrType::Int, int64_t{0})}, 3, 3));
+  r.add(checked_op<infer_gather, gather_reference>(
+      "gather", {aten("aten.gather.default")}, {dim_attr(), with_default("sparse_grad", AttrType::Bool, false)}, 2, 2));
+  r.add(checked_op<infer_scatter, scatter_reference<false>>(
+      "scatter",
+      {aten("aten.scatter.src"), aten("aten.scatter.value"), aten("aten.scatter_.src"), aten("aten.scatter_.value")},
+      {dim_attr(), optional("value", AttrType::Scalar)}, 2, 3));
+  r.add(checked_op<infer_scatter, scatter_reference<true>>(
+      "scatter_add", {aten("aten.scatter_add.default"), aten("aten.scatter_add_.default")}, {dim_attr()}, 3, 3));
 }
 
 }  // namespace npusim

@@ -58,8 +58,8 @@ void matmul_f32(const MatmulPlan& plan, const float* a, const float* b, float* o
   const int64_t out_matrices = shape_numel(plan.out_batch);
   const int64_t a_matrices = shape_numel(Shape(plan.a_shape.begin(), plan.a_shape.end() - 2));
   const int64_t b_matrices = shape_numel(Shape(plan.b_shape.begin(), plan.b_shape.end() - 2));
-  GemmArgs args{.m = plan.n, .n = plan.m, .k = plan.k, .lda = plan.k, .ldb = plan.m, .ldc = plan.m,
-                .alpha = alpha, .beta = beta};
+  GemmArgs args{
+      .m = plan.n, .n = plan.m, .k = plan.k, .lda = plan.k, .ldb = plan.m, .ldc = plan.m, .alpha = alpha, .beta = beta};
   if (b_matrices == 1 && a_matrices == out_matrices) {
     // One shared right operand: the batch folds into the rows of a single product.
     args.m = plan.n * out_matrices;
@@ -80,8 +80,7 @@ void matmul_f32(const MatmulPlan& plan, const float* a, const float* b, float* o
 }
 
 // The integer version: exact int64 sums, alpha and beta applied as integers like PyTorch.
-void matmul_i64(const MatmulPlan& plan, const int64_t* a, const int64_t* b, int64_t* out, int64_t alpha,
-                int64_t beta) {
+void matmul_i64(const MatmulPlan& plan, const int64_t* a, const int64_t* b, int64_t* out, int64_t alpha, int64_t beta) {
   const std::vector<int64_t> a_offsets = batch_offsets(plan.a_shape, plan.out_batch);
   const std::vector<int64_t> b_offsets = batch_offsets(plan.b_shape, plan.out_batch);
   for (size_t batch = 0; batch < a_offsets.size(); ++batch) {
@@ -282,10 +281,18 @@ void register_linalg_ops(OpRegistry& r) {
   r.add(OpDef{"matmul", {spelling("aten.matmul.default")}, {}, 2, 2, infer_matmul, reference_matmul});
   r.add(OpDef{"mm", {spelling("aten.mm.default")}, {}, 2, 2, infer_mm, reference_matmul});
   r.add(OpDef{"bmm", {spelling("aten.bmm.default")}, {}, 2, 2, infer_bmm, reference_matmul});
-  r.add(OpDef{"addmm", {spelling("aten.addmm.default")}, kAlphaBeta, 3, 3,
+  r.add(OpDef{"addmm",
+              {spelling("aten.addmm.default")},
+              kAlphaBeta,
+              3,
+              3,
               [](const Attrs&, std::span<const TensorMeta> inputs) { return infer_addmm_like(inputs, 2, "addmm"); },
               reference_addmm});
-  r.add(OpDef{"baddbmm", {spelling("aten.baddbmm.default")}, kAlphaBeta, 3, 3,
+  r.add(OpDef{"baddbmm",
+              {spelling("aten.baddbmm.default")},
+              kAlphaBeta,
+              3,
+              3,
               [](const Attrs&, std::span<const TensorMeta> inputs) { return infer_addmm_like(inputs, 3, "baddbmm"); },
               reference_addmm});
   r.add(OpDef{"t", {spelling("aten.t.default")}, {}, 1, 1, infer_t, reference_t});

@@ -46,8 +46,7 @@ void expect_all(const std::vector<int64_t>& values, int64_t minimum, const std::
 
 // Per-channel parameter vectors ([C]) of a normalization.
 void expect_vector(const TensorMeta& meta, int64_t size, const std::string& what) {
-  if (meta.shape != Shape{size})
-    fail(what + " must have shape [" + str(size) + "], got " + shape_string(meta.shape));
+  if (meta.shape != Shape{size}) fail(what + " must have shape [" + str(size) + "], got " + shape_string(meta.shape));
 }
 
 // ====================================================================================================================
@@ -97,15 +96,13 @@ void conv_padding(const Attrs& attrs, size_t dims, const std::vector<int64_t>& k
   }
 }
 
-ConvGeometry conv_geometry(const Attrs& attrs, std::span<const TensorMeta> inputs, size_t dims,
-                           const std::string& op) {
+ConvGeometry conv_geometry(const Attrs& attrs, std::span<const TensorMeta> inputs, size_t dims, const std::string& op) {
   const Shape& x = inputs[0].shape;
   const Shape& weight = inputs[1].shape;
   expect_floating(inputs[0], op + ": input");
   expect_floating(inputs[1], op + ": weight");
   if (weight.size() != dims + 2)
-    fail(op + ": weight must have rank " + str(static_cast<int64_t>(dims + 2)) + ", got shape " +
-         shape_string(weight));
+    fail(op + ": weight must have rank " + str(static_cast<int64_t>(dims + 2)) + ", got shape " + shape_string(weight));
   if (x.size() != dims + 2 && x.size() != dims + 1)
     fail(op + ": input must have rank " + str(static_cast<int64_t>(dims + 1)) + " or " +
          str(static_cast<int64_t>(dims + 2)) + ", got shape " + shape_string(x));
@@ -118,8 +115,8 @@ ConvGeometry conv_geometry(const Attrs& attrs, std::span<const TensorMeta> input
   g.groups = attrs.get_int("groups", 1);
   if (g.groups < 1) fail(op + ": groups must be positive, got " + str(g.groups));
   if (weight[1] * g.groups != g.in_channels)
-    fail(op + ": input has " + str(g.in_channels) + " channels but weight " + shape_string(weight) + " with groups=" +
-         str(g.groups) + " expects " + str(weight[1] * g.groups));
+    fail(op + ": input has " + str(g.in_channels) + " channels but weight " + shape_string(weight) +
+         " with groups=" + str(g.groups) + " expects " + str(weight[1] * g.groups));
   if (g.out_channels % g.groups != 0)
     fail(op + ": " + str(g.out_channels) + " output channels are not divisible by groups=" + str(g.groups));
   if (inputs.size() == 3) expect_vector(inputs[2], g.out_channels, op + ": bias");
@@ -140,8 +137,8 @@ ConvGeometry conv_geometry(const Attrs& attrs, std::span<const TensorMeta> input
     const int64_t padded = in + before[d] + after[d];
     const int64_t extent = dilation[d] * (kernel[d] - 1) + 1;
     if (extent > padded)
-      fail(op + ": kernel extent " + str(extent) + " is larger than the padded input size " + str(padded) +
-           " (input " + shape_string(x) + ", weight " + shape_string(weight) + ")");
+      fail(op + ": kernel extent " + str(extent) + " is larger than the padded input size " + str(padded) + " (input " +
+           shape_string(x) + ", weight " + shape_string(weight) + ")");
     const int64_t out = (padded - extent) / stride[d] + 1;
     g.in[first + d] = in;
     g.kernel[first + d] = kernel[d];
@@ -156,39 +153,37 @@ ConvGeometry conv_geometry(const Attrs& attrs, std::span<const TensorMeta> input
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Rows (channel, ky, kx) x columns (oy, ox) of input patches, zeros where the patch reads padding.
-void im2col(const float* input, const ConvGeometry& g, float* cols) {
-  const int64_t height = g.in[0], width = g.in[1];
-  const int64_t out_h = g.out[0], out_w = g.out[1];
-  const int64_t pixels = g.pixels();
-  float* row = cols;
-  for (int64_t c = 0; c < g.in_group_channels(); ++c) {
-    const float* plane = input + c * height * width;
-    for (int64_t ky = 0; ky < g.kernel[0]; ++ky) {
-      for (int64_t kx = 0; kx < g.kernel[1]; ++kx, row += pixels) {
-        // Output columns whose input column ox * stride + x_shift falls inside [0, width).
-        const int64_t x_shift = kx * g.dilation[1] - g.pad_before[1];
-        const int64_t ox_begin = std::min(out_w, x_shift >= 0 ? 0 : ceil_div(-x_shift, g.stride[1]));
-        const int64_t ox_end =
-            std::clamp(x_shift < width ? (width - 1 - x_shift) / g.stride[1] + 1 : 0, ox_begin, out_w);
-        for (int64_t oy = 0; oy < out_h; ++oy) {
-          float* dst = row + oy * out_w;
-          const int64_t iy = oy * g.stride[0] - g.pad_before[0] + ky * g.dilation[0];
-          if (iy < 0 || iy >= height) {
-            std::fill(dst, dst + out_w, 0.0f);
-            continue;
-          }
-          const float* src = plane + iy * width + x_shift;
-          std::fill(dst, dst + ox_begin, 0.0f);
-          if (g.stride[1] == 1) {
-            std::copy(src + ox_begin, src + ox_end, dst + ox_begin);
-          } else {
-            for (int64_t ox = ox_begin; ox < ox_end; ++ox) dst[ox] = src[ox * g.stride[1]];
-          }
-          std::fill(dst + ox_end, dst + out_w, 0.0f);
-        }
+// Row p = (channel, ky, kx) of the im2col matrix of one group, columns [col, col + count) = output pixels in
+// row-major (oy, ox) order: the input values under that kernel tap, zero where the tap reads padding.
+void patch_row(const float* input, const ConvGeometry& g, int64_t p, int64_t col, int64_t count, float* out) {
+  const int64_t height = g.in[0], width = g.in[1], out_w = g.out[1];
+  const int64_t kx = p % g.kernel[1], ky = p / g.kernel[1] % g.kernel[0], channel = p / (g.kernel[0] * g.kernel[1]);
+  const float* plane = input + channel * height * width;
+  // Output columns whose input column ox * stride + x_shift falls inside [0, width).
+  const int64_t x_shift = kx * g.dilation[1] - g.pad_before[1];
+  const int64_t ox_begin = std::min(out_w, x_shift >= 0 ? 0 : ceil_div(-x_shift, g.stride[1]));
+  const int64_t ox_end = std::clamp(x_shift < width ? (width - 1 - x_shift) / g.stride[1] + 1 : 0, ox_begin, out_w);
+  int64_t oy = col / out_w, ox = col % out_w;
+  while (count > 0) {
+    const int64_t n = std::min(count, out_w - ox);  // the rest of this output row
+    const int64_t iy = oy * g.stride[0] - g.pad_before[0] + ky * g.dilation[0];
+    if (iy < 0 || iy >= height) {
+      std::fill(out, out + n, 0.0f);
+    } else {
+      const float* src = plane + iy * width + x_shift;
+      const int64_t valid_begin = std::clamp(ox_begin, ox, ox + n), valid_end = std::clamp(ox_end, valid_begin, ox + n);
+      std::fill(out, out + (valid_begin - ox), 0.0f);
+      if (g.stride[1] == 1) {
+        std::copy(src + valid_begin, src + valid_end, out + (valid_begin - ox));
+      } else {
+        for (int64_t x = valid_begin; x < valid_end; ++x) out[x - ox] = src[x * g.stride[1]];
       }
+      std::fill(out + (valid_end - ox), out + n, 0.0f);
     }
+    out += n;
+    count -= n;
+    ox = 0;
+    ++oy;
   }
 }
 
@@ -201,22 +196,25 @@ std::vector<Tensor> run_conv(const ConvGeometry& g, std::span<const Tensor> inpu
   const int64_t in_plane = g.in[0] * g.in[1];
   const int64_t pixels = g.pixels();
   const int64_t group_in = g.in_group_channels(), group_out = g.out_group_channels();
-  std::vector<float> cols(g.pointwise() ? 0 : static_cast<size_t>(g.patch() * pixels));
   for (int64_t n = 0; n < g.batch; ++n) {
     for (int64_t group = 0; group < g.groups; ++group) {
       const float* input = x + (n * g.in_channels + group * group_in) * in_plane;
       float* output = y + (n * g.out_channels + group * group_out) * pixels;
-      if (!g.pointwise()) im2col(input, g, cols.data());
       if (bias)
         for (int64_t o = 0; o < group_out; ++o)
           std::fill(output + o * pixels, output + (o + 1) * pixels, bias[group * group_out + o]);
+      // A pointwise convolution multiplies by the input itself; otherwise the GEMM builds im2col rows as it packs.
+      const GemmRowSource patches = [input, &g](int64_t p, int64_t col, int64_t count, float* row) {
+        patch_row(input, g, p, col, count, row);
+      };
       gemm_f32({.m = group_out,
                 .n = pixels,
                 .k = g.patch(),
                 .a = weight + group * group_out * g.patch(),
                 .lda = g.patch(),
-                .b = g.pointwise() ? input : cols.data(),
+                .b = input,
                 .ldb = pixels,
+                .b_rows = g.pointwise() ? nullptr : &patches,
                 .c = output,
                 .ldc = pixels,
                 .beta = bias ? 1.0f : 0.0f});
@@ -230,8 +228,9 @@ size_t conv_dims(const Shape& weight) { return weight.size() == 3 ? 1 : 2; }
 std::vector<TensorMeta> infer_convolution(const Attrs& attrs, std::span<const TensorMeta> inputs, size_t dims,
                                           const std::string& op) {
   if (attrs.get_bool("transposed", false)) fail(op + ": transposed convolution is not supported");
-  const DType dtype = inputs.size() == 3 ? promote_types(promote_types(inputs[0].dtype, inputs[1].dtype), inputs[2].dtype)
-                                         : promote_types(inputs[0].dtype, inputs[1].dtype);
+  const DType dtype = inputs.size() == 3
+                          ? promote_types(promote_types(inputs[0].dtype, inputs[1].dtype), inputs[2].dtype)
+                          : promote_types(inputs[0].dtype, inputs[1].dtype);
   return {{conv_geometry(attrs, inputs, dims, op).out_shape, dtype}};
 }
 
@@ -470,18 +469,22 @@ std::vector<TensorMeta> infer_native_group_norm(const Attrs& attrs, std::span<co
 std::vector<Tensor> reference_group_norm(const Attrs& attrs, std::span<const Tensor> inputs,
                                          std::span<const TensorMeta> outputs) {
   const std::vector<TensorMeta> metas = metas_of(inputs);
-  return run_group_norm(group_norm_shape(metas, group_count(attrs), "group_norm"), inputs,
-                        attrs.get_float("eps", 1e-5), outputs);
+  return run_group_norm(group_norm_shape(metas, group_count(attrs), "group_norm"), inputs, attrs.get_float("eps", 1e-5),
+                        outputs);
 }
 
 // ---- rms_norm: x / sqrt(mean(x^2) + eps) * weight; eps defaults to the dtype's machine epsilon ----
 
 double machine_epsilon(DType dtype) {
   switch (dtype) {
-    case DType::Float64: return std::numeric_limits<double>::epsilon();
-    case DType::Float16: return 0.0009765625;  // 2^-10
-    case DType::BFloat16: return 0.0078125;    // 2^-7
-    default: return std::numeric_limits<float>::epsilon();
+    case DType::Float64:
+      return std::numeric_limits<double>::epsilon();
+    case DType::Float16:
+      return 0.0009765625;  // 2^-10
+    case DType::BFloat16:
+      return 0.0078125;  // 2^-7
+    default:
+      return std::numeric_limits<float>::epsilon();
   }
 }
 
@@ -550,7 +553,8 @@ PoolGeometry pool_geometry(const Attrs& attrs, const TensorMeta& x, bool with_di
   std::vector<int64_t> stride = attrs.get_ints("stride", {});
   stride = stride.empty() ? kernel : spatial_ints(attrs, "stride", 2, {}, op);
   const std::vector<int64_t> pad = spatial_ints(attrs, "padding", 2, {0}, op);
-  const std::vector<int64_t> dilation = with_dilation ? spatial_ints(attrs, "dilation", 2, {1}, op) : std::vector<int64_t>{1, 1};
+  const std::vector<int64_t> dilation =
+      with_dilation ? spatial_ints(attrs, "dilation", 2, {1}, op) : std::vector<int64_t>{1, 1};
   const bool ceil_mode = attrs.get_bool("ceil_mode", false);
   expect_all(kernel, 1, "kernel_size", op);
   expect_all(stride, 1, "stride", op);
@@ -809,7 +813,8 @@ AttentionPlan attention_plan(const Attrs& attrs, std::span<const TensorMeta> inp
     scores.push_back(plan.length);
     scores.push_back(plan.source);
     if (broadcast_shapes(mask.shape, scores) != scores)
-      fail(op + ": attn_mask " + shape_string(mask.shape) + " does not broadcast to the scores " + shape_string(scores));
+      fail(op + ": attn_mask " + shape_string(mask.shape) + " does not broadcast to the scores " +
+           shape_string(scores));
   }
   return plan;
 }
@@ -840,8 +845,8 @@ std::vector<Tensor> reference_attention(const Attrs& attrs, std::span<const Tens
   const std::vector<TensorMeta> metas = metas_of(inputs);
   const AttentionPlan plan = attention_plan(attrs, metas);
   const int64_t L = plan.length, S = plan.source, E = plan.embed, Ev = plan.value_embed;
-  const auto scale = static_cast<float>(attrs.is_none("scale") ? 1.0 / std::sqrt(static_cast<double>(E))
-                                                               : attrs.get_float("scale"));
+  const auto scale =
+      static_cast<float>(attrs.is_none("scale") ? 1.0 / std::sqrt(static_cast<double>(E)) : attrs.get_float("scale"));
   const bool causal = attrs.get_bool("is_causal", false);
   const int heads_dim = plan.grouped ? static_cast<int>(plan.out_batch.size()) - 1 : -1;
   const std::vector<int64_t> q_offsets = batch_offsets(inputs[0].shape(), plan.out_batch);
@@ -913,41 +918,60 @@ std::vector<Tensor> reference_attention(const Attrs& attrs, std::span<const Tens
 void register_nn_ops(OpRegistry& r) {
   r.add(OpDef{"conv2d",
               {spelling("aten.conv2d.default"), spelling("aten.conv2d.padding", {{"padding", "padding_mode"}})},
-              kConvAttrs, 2, 3, conv_infer(2, "conv2d"), conv_reference(2, "conv2d")});
+              kConvAttrs,
+              2,
+              3,
+              conv_infer(2, "conv2d"),
+              conv_reference(2, "conv2d")});
   r.add(OpDef{"conv1d",
               {spelling("aten.conv1d.default"), spelling("aten.conv1d.padding", {{"padding", "padding_mode"}})},
-              kConvAttrs, 2, 3, conv_infer(1, "conv1d"), conv_reference(1, "conv1d")});
+              kConvAttrs,
+              2,
+              3,
+              conv_infer(1, "conv1d"),
+              conv_reference(1, "conv1d")});
   // The generic form: 1-D or 2-D by the weight's rank; only transposed=false.
-  r.add(OpDef{"convolution", {spelling("aten.convolution.default"), spelling("aten._convolution.default")},
-              convolution_attrs(), 2, 3, conv_infer(0, "convolution"), conv_reference(0, "convolution")});
+  r.add(OpDef{"convolution",
+              {spelling("aten.convolution.default"), spelling("aten._convolution.default")},
+              convolution_attrs(),
+              2,
+              3,
+              conv_infer(0, "convolution"),
+              conv_reference(0, "convolution")});
 
-  r.add(OpDef{"batch_norm", {spelling("aten.batch_norm.default")}, kBatchNormAttrs, 3, 5,
-              [](const Attrs& attrs, std::span<const TensorMeta> inputs) {
-                return infer_batch_norm(attrs, inputs, 1);
-              },
+  r.add(OpDef{"batch_norm",
+              {spelling("aten.batch_norm.default")},
+              kBatchNormAttrs,
+              3,
+              5,
+              [](const Attrs& attrs, std::span<const TensorMeta> inputs) { return infer_batch_norm(attrs, inputs, 1); },
               reference_batch_norm});
   r.add(OpDef{"native_batch_norm",
               {spelling("aten._native_batch_norm_legit_no_training.default")},
               {{"momentum", AttrType::Float, AttrValue{0.1}}, {"eps", AttrType::Float, AttrValue{1e-5}}},
               3,
               5,
-              [](const Attrs& attrs, std::span<const TensorMeta> inputs) {
-                return infer_batch_norm(attrs, inputs, 3);
-              },
+              [](const Attrs& attrs, std::span<const TensorMeta> inputs) { return infer_batch_norm(attrs, inputs, 3); },
               reference_batch_norm});
   const std::vector<AttrSpec> layer_norm_attrs = {{"normalized_shape", AttrType::Ints, std::nullopt, true},
                                                   {"eps", AttrType::Float, AttrValue{1e-5}},
                                                   {"cudnn_enable", AttrType::Bool, AttrValue{true}}};
-  r.add(OpDef{"layer_norm", {spelling("aten.layer_norm.default")}, layer_norm_attrs, 1, 3,
-              [](const Attrs& attrs, std::span<const TensorMeta> inputs) {
-                return infer_layer_norm(attrs, inputs, false);
-              },
-              reference_layer_norm});
-  r.add(OpDef{"native_layer_norm", {spelling("aten.native_layer_norm.default")}, layer_norm_attrs, 1, 3,
-              [](const Attrs& attrs, std::span<const TensorMeta> inputs) {
-                return infer_layer_norm(attrs, inputs, true);
-              },
-              reference_layer_norm});
+  r.add(OpDef{
+      "layer_norm",
+      {spelling("aten.layer_norm.default")},
+      layer_norm_attrs,
+      1,
+      3,
+      [](const Attrs& attrs, std::span<const TensorMeta> inputs) { return infer_layer_norm(attrs, inputs, false); },
+      reference_layer_norm});
+  r.add(OpDef{
+      "native_layer_norm",
+      {spelling("aten.native_layer_norm.default")},
+      layer_norm_attrs,
+      1,
+      3,
+      [](const Attrs& attrs, std::span<const TensorMeta> inputs) { return infer_layer_norm(attrs, inputs, true); },
+      reference_layer_norm});
   r.add(OpDef{"group_norm",
               {spelling("aten.group_norm.default")},
               {{"num_groups", AttrType::Int, std::nullopt, true},
@@ -976,18 +1000,24 @@ void register_nn_ops(OpRegistry& r) {
               infer_rms_norm,
               reference_rms_norm});
 
-  r.add(OpDef{"max_pool2d", {spelling("aten.max_pool2d.default")}, kMaxPoolAttrs, 1, 1,
-              [](const Attrs& attrs, std::span<const TensorMeta> inputs) {
-                return infer_max_pool(attrs, inputs, false);
-              },
-              reference_max_pool});
-  r.add(OpDef{"max_pool2d_with_indices", {spelling("aten.max_pool2d_with_indices.default")}, kMaxPoolAttrs, 1, 1,
-              [](const Attrs& attrs, std::span<const TensorMeta> inputs) {
-                return infer_max_pool(attrs, inputs, true);
-              },
-              reference_max_pool});
-  r.add(OpDef{"avg_pool2d", {spelling("aten.avg_pool2d.default")}, kAvgPoolAttrs, 1, 1, infer_avg_pool,
-              reference_avg_pool});
+  r.add(
+      OpDef{"max_pool2d",
+            {spelling("aten.max_pool2d.default")},
+            kMaxPoolAttrs,
+            1,
+            1,
+            [](const Attrs& attrs, std::span<const TensorMeta> inputs) { return infer_max_pool(attrs, inputs, false); },
+            reference_max_pool});
+  r.add(
+      OpDef{"max_pool2d_with_indices",
+            {spelling("aten.max_pool2d_with_indices.default")},
+            kMaxPoolAttrs,
+            1,
+            1,
+            [](const Attrs& attrs, std::span<const TensorMeta> inputs) { return infer_max_pool(attrs, inputs, true); },
+            reference_max_pool});
+  r.add(OpDef{
+      "avg_pool2d", {spelling("aten.avg_pool2d.default")}, kAvgPoolAttrs, 1, 1, infer_avg_pool, reference_avg_pool});
   r.add(OpDef{"adaptive_avg_pool2d",
               {spelling("aten.adaptive_avg_pool2d.default"), spelling("aten._adaptive_avg_pool2d.default")},
               {{"output_size", AttrType::Ints, std::nullopt, true}},

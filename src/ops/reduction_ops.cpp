@@ -44,8 +44,10 @@ std::vector<bool> single_dim(int64_t dim, int64_t rank) {
 Shape reduced_shape(const Shape& input, const std::vector<bool>& reduced, bool keepdim) {
   Shape out;
   for (size_t d = 0; d < input.size(); ++d) {
-    if (!reduced[d]) out.push_back(input[d]);
-    else if (keepdim) out.push_back(1);
+    if (!reduced[d])
+      out.push_back(input[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -91,8 +93,7 @@ std::optional<DType> dtype_attr(const Attrs& attrs) {
 }
 
 DType require_floating(DType dtype, const std::string& op) {
-  if (!is_floating(dtype))
-    fail(op + " needs a floating point input or dtype, got " + std::string(dtype_name(dtype)));
+  if (!is_floating(dtype)) fail(op + " needs a floating point input or dtype, got " + std::string(dtype_name(dtype)));
   return dtype;
 }
 
@@ -112,16 +113,18 @@ struct GroupReader {
 using FloatReducer = std::function<double(const GroupReader&)>;
 using IntReducer = std::function<int64_t(const GroupReader&)>;
 
-// Applies a reducer to every group; integer results use `on_int` when the output is not floating.
+// Applies a reducer to every group: `on_float` for float inputs or outputs, else `on_int`; either may be empty.
 Tensor reduce_groups(const Tensor& input, const std::vector<bool>& reduced, const TensorMeta& out,
                      const FloatReducer& on_float, const IntReducer& on_int) {
   const ReductionPlan plan = plan_reduction(input.shape(), reduced);
   Tensor result = make_output(out);
-  const bool in_float = is_floating(out.dtype) || is_floating(input.dtype()) || !on_int;
+  const bool in_float = on_float && (is_floating(out.dtype) || is_floating(input.dtype()) || !on_int);
   for (size_t o = 0; o < plan.groups.size(); ++o) {
     const GroupReader reader{input, plan.groups[o], plan.members};
-    if (in_float) store_float(result, static_cast<int64_t>(o), on_float(reader));
-    else store_int(result, static_cast<int64_t>(o), on_int(reader));
+    if (in_float)
+      store_float(result, static_cast<int64_t>(o), on_float(reader));
+    else
+      store_int(result, static_cast<int64_t>(o), on_int(reader));
   }
   return result;
 }
@@ -202,7 +205,7 @@ struct DimListReduction {
   std::vector<AttrSpec> attrs;
   std::function<DType(const Attrs&, DType input)> result_dtype;
   std::function<FloatReducer(const Attrs&)> float_reducer;
-  IntReducer on_int;  // empty: integer inputs reduce in float
+  IntReducer on_int;            // empty: integer inputs reduce in float
   bool needs_elements = false;  // amax/amin: a zero-size reduced dim is an error
 };
 
@@ -213,8 +216,8 @@ OpDef make_dim_list_reduction(DimListReduction op) {
     const Shape& shape = inputs[0].shape;
     const auto reduced = reduced_dims(attrs, static_cast<int64_t>(shape.size()));
     if (shared->needs_elements) require_nonempty_reduction(shape, reduced, shared->name.c_str());
-    return std::vector<TensorMeta>{
-        {reduced_shape(shape, reduced, attrs.get_bool("keepdim", false)), shared->result_dtype(attrs, inputs[0].dtype)}};
+    return std::vector<TensorMeta>{{reduced_shape(shape, reduced, attrs.get_bool("keepdim", false)),
+                                    shared->result_dtype(attrs, inputs[0].dtype)}};
   };
   ReferenceFn reference = [shared](const Attrs& attrs, std::span<const Tensor> inputs,
                                    std::span<const TensorMeta> outputs) {
@@ -245,11 +248,10 @@ double correction_of(const Attrs& attrs) {
 void register_dim_list_reductions(OpRegistry& r) {
   r.add(make_dim_list_reduction({"sum", spellings({"aten.sum.dim_IntList", "aten.sum.default"}), dim_list_attrs(true),
                                  sum_dtype, always(float_sum), int_sum}));
-  r.add(make_dim_list_reduction({"mean", spellings({"aten.mean.dim", "aten.mean.default"}), dim_list_attrs(true),
-                                 [](const Attrs& attrs, DType input) {
-                                   return require_floating(dtype_attr(attrs).value_or(input), "mean");
-                                 },
-                                 always(float_mean), nullptr}));
+  r.add(make_dim_list_reduction(
+      {"mean", spellings({"aten.mean.dim", "aten.mean.default"}), dim_list_attrs(true),
+       [](const Attrs& attrs, DType input) { return require_floating(dtype_attr(attrs).value_or(input), "mean"); },
+       always(float_mean), nullptr}));
   r.add(make_dim_list_reduction({"prod", spellings({"aten.prod.dim_int", "aten.prod.default"}), dim_list_attrs(true),
                                  sum_dtype, always(float_prod), int_prod}));
 
@@ -257,12 +259,17 @@ void register_dim_list_reductions(OpRegistry& r) {
   for (const bool want_max : {true, false}) {
     const std::string name = want_max ? "amax" : "amin";
     std::vector<AtenSpelling> names = spellings({"aten." + name + ".default"});
-    names.push_back({want_max ? "aten.max.default" : "aten.min.default", {}, {{"dim", AttrValue{std::vector<int64_t>{}}}}});
+    names.push_back(
+        {want_max ? "aten.max.default" : "aten.min.default", {}, {{"dim", AttrValue{std::vector<int64_t>{}}}}});
     std::vector<AttrSpec> attrs = {{"dim", AttrType::Ints, AttrValue{std::vector<int64_t>{}}},
                                    {"keepdim", AttrType::Bool, AttrValue{false}}};
-    DimListReduction op{name, std::move(names), std::move(attrs), same_dtype,
-                        always([want_max](const GroupReader& g) { return g.as_float(extreme_index(g, want_max, true)); }),
-                        [want_max](const GroupReader& g) { return g.as_int(extreme_index(g, want_max, false)); }};
+    DimListReduction op{
+        name,
+        std::move(names),
+        std::move(attrs),
+        same_dtype,
+        always([want_max](const GroupReader& g) { return g.as_float(extreme_index(g, want_max, true)); }),
+        [want_max](const GroupReader& g) { return g.as_int(extreme_index(g, want_max, false)); }};
     op.needs_elements = true;
     r.add(make_dim_list_reduction(std::move(op)));
   }
@@ -321,8 +328,10 @@ OpDef extreme_with_indices_op(bool want_max) {
       const GroupReader g{input, plan.groups[o], plan.members};
       const int64_t best = extreme_index(g, want_max, in_float);
       const auto out_index = static_cast<int64_t>(o);
-      if (in_float) store_float(values, out_index, g.as_float(best));
-      else store_int(values, out_index, g.as_int(best));
+      if (in_float)
+        store_float(values, out_index, g.as_float(best));
+      else
+        store_int(values, out_index, g.as_int(best));
       store_int(indices, out_index, best);
     }
     return std::vector<Tensor>{values, indices};
@@ -356,8 +365,9 @@ OpDef arg_extreme_op(bool want_max) {
     const Tensor& input = inputs[0];
     const bool in_float = is_floating(input.dtype());
     const auto reduced = arg_reduced_dims(attrs, input.rank());
-    return std::vector<Tensor>{reduce_groups(
-        input, reduced, outputs[0], nullptr, [&](const GroupReader& g) { return extreme_index(g, want_max, in_float); })};
+    return std::vector<Tensor>{reduce_groups(input, reduced, outputs[0], nullptr, [&](const GroupReader& g) {
+      return extreme_index(g, want_max, in_float);
+    })};
   };
   return OpDef{name,
                spellings({"aten." + name + ".default"}),
@@ -379,7 +389,8 @@ Tensor along_dim_float(const Tensor& input, int64_t dim, const TensorMeta& out, 
   Tensor result = make_output(out);
   for (int64_t group : plan.groups) {
     const GroupReader reader{input, group, plan.members};
-    fn(reader, [&](int64_t k, double value) { store_float(result, group + plan.members[static_cast<size_t>(k)], value); });
+    fn(reader,
+       [&](int64_t k, double value) { store_float(result, group + plan.members[static_cast<size_t>(k)], value); });
   }
   return result;
 }
@@ -413,10 +424,9 @@ OpDef softmax_op(bool log) {
   };
   ReferenceFn reference = [log](const Attrs& attrs, std::span<const Tensor> inputs,
                                 std::span<const TensorMeta> outputs) {
-    return std::vector<Tensor>{along_dim_float(inputs[0], attrs.get_int("dim"), outputs[0],
-                                               [log](const GroupReader& g, const auto& write) {
-                                                 softmax_line(g, write, log);
-                                               })};
+    return std::vector<Tensor>{
+        along_dim_float(inputs[0], attrs.get_int("dim"), outputs[0],
+                        [log](const GroupReader& g, const auto& write) { softmax_line(g, write, log); })};
   };
   return OpDef{name,
                spellings({"aten." + name + ".int", "aten._" + name + ".default"}),
@@ -445,8 +455,10 @@ OpDef cumsum_op() {
       int64_t int_total = 0;
       for (int64_t member : plan.members) {
         const int64_t at = group + member;
-        if (in_float) store_float(result, at, float_total += load_float(input, at));
-        else store_int(result, at, int_total = wrapping_add(int_total, load_int(input, at)));
+        if (in_float)
+          store_float(result, at, float_total += load_float(input, at));
+        else
+          store_int(result, at, int_total = wrapping_add(int_total, load_int(input, at)));
       }
     }
     return std::vector<Tensor>{result};

@@ -119,7 +119,8 @@ Shape resolve_shape(const std::vector<int64_t>& requested, int64_t numel, const 
   } else {
     for (int64_t d : shape) {
       if (d == -1) continue;
-      if (known > std::numeric_limits<int64_t>::max() / d) fail(op + ": shape " + shape_string(requested) + " overflows");
+      if (known > std::numeric_limits<int64_t>::max() / d)
+        fail(op + ": shape " + shape_string(requested) + " overflows");
       known *= d;
     }
   }
@@ -239,8 +240,7 @@ std::vector<TensorMeta> infer_reorder(const Attrs& attrs, std::span<const Tensor
 }
 
 template <auto Order>
-std::vector<Tensor> reorder_reference(const Attrs& attrs, std::span<const Tensor> inputs,
-                                      std::span<const TensorMeta>) {
+std::vector<Tensor> reorder_reference(const Attrs& attrs, std::span<const Tensor> inputs, std::span<const TensorMeta>) {
   return {materialize(inputs[0], permuted(inputs[0].shape(), Order(attrs, inputs[0].rank())))};
 }
 
@@ -254,7 +254,8 @@ Shape expanded_shape(const Shape& in, const std::vector<int64_t>& size) {
   Shape out(size.size());
   for (size_t i = 0; i < size.size(); ++i) {
     if (i < lead) {
-      if (size[i] < 0) fail("expand: new leading dimension " + std::to_string(i) + " cannot be " + std::to_string(size[i]));
+      if (size[i] < 0)
+        fail("expand: new leading dimension " + std::to_string(i) + " cannot be " + std::to_string(size[i]));
       out[i] = size[i];
       continue;
     }
@@ -405,8 +406,7 @@ std::vector<TensorMeta> infer_narrow(const Attrs& attrs, std::span<const TensorM
   return one_output(out, inputs[0].dtype);
 }
 
-std::vector<Tensor> narrow_reference(const Attrs& attrs, std::span<const Tensor> inputs,
-                                     std::span<const TensorMeta>) {
+std::vector<Tensor> narrow_reference(const Attrs& attrs, std::span<const Tensor> inputs, std::span<const TensorMeta>) {
   const SliceRange r = narrow_range(attrs, inputs[0].shape());
   return {materialize(inputs[0], sliced(contiguous_view(inputs[0].shape()), r.dim, r.start, r.length))};
 }
@@ -418,8 +418,8 @@ void check_list_sizes(const Attrs& attrs, size_t count, const char* op) {
   if (attrs.is_none("_tensor_list_sizes")) return;
   const std::vector<int64_t> sizes = attrs.get_ints("_tensor_list_sizes");
   if (sizes.size() != 1 || sizes[0] != static_cast<int64_t>(count))
-    fail(std::string(op) + ": _tensor_list_sizes " + shape_string(sizes) + " does not match " +
-         std::to_string(count) + " inputs");
+    fail(std::string(op) + ": _tensor_list_sizes " + shape_string(sizes) + " does not match " + std::to_string(count) +
+         " inputs");
 }
 
 DType promoted_dtype(std::span<const TensorMeta> inputs) {
@@ -434,7 +434,8 @@ bool skipped_by_cat(const Shape& shape) { return shape.size() == 1 && shape[0] =
 std::vector<TensorMeta> infer_cat(const Attrs& attrs, std::span<const TensorMeta> inputs) {
   check_list_sizes(attrs, inputs.size(), "cat");
   const DType dtype = promoted_dtype(inputs);
-  const auto first = std::find_if(inputs.begin(), inputs.end(), [](const TensorMeta& m) { return !skipped_by_cat(m.shape); });
+  const auto first =
+      std::find_if(inputs.begin(), inputs.end(), [](const TensorMeta& m) { return !skipped_by_cat(m.shape); });
   if (first == inputs.end()) return one_output({0}, dtype);
   Shape out = first->shape;
   if (out.empty()) fail("cat: zero-dimensional tensors cannot be concatenated");
@@ -581,7 +582,8 @@ std::vector<Tensor> unbind_reference(const Attrs& attrs, std::span<const Tensor>
   const size_t dim = unbind_dim(attrs, inputs[0].shape());
   const StridedView whole = contiguous_view(inputs[0].shape());
   std::vector<Tensor> outputs;
-  for (int64_t i = 0; i < inputs[0].shape()[dim]; ++i) outputs.push_back(materialize(inputs[0], selected(whole, dim, i)));
+  for (int64_t i = 0; i < inputs[0].shape()[dim]; ++i)
+    outputs.push_back(materialize(inputs[0], selected(whole, dim, i)));
   return outputs;
 }
 
@@ -656,9 +658,22 @@ std::vector<Tensor> roll_reference(const Attrs& attrs, std::span<const Tensor> i
 
 // ---------------------------------------------------------------------------------------------------------------
 
-template <auto Infer, auto Reference>
+// The reference recomputes the output metas from the tensors it receives, so it never trusts unchecked shapes.
+template <auto Infer, auto Compute>
+OpDef checked_op(std::string name, std::vector<AtenSpelling> spellings, std::vector<AttrSpec> attrs, int min_inputs,
+                 int max_inputs) {
+  OpDef def{std::move(name), std::move(spellings), std::move(attrs), min_inputs, max_inputs, Infer, nullptr};
+  def.reference = [](const Attrs& a, std::span<const Tensor> inputs, std::span<const TensorMeta>) {
+    std::vector<TensorMeta> metas;
+    for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
+    return Compute(a, inputs, Infer(a, metas));
+  };
+  return def;
+}
+
+template <auto Infer, auto Compute>
 OpDef unary_shape_op(std::string name, std::vector<AtenSpelling> spellings, std::vector<AttrSpec> attrs) {
-  return OpDef{std::move(name), std::move(spellings), std::move(attrs), 1, 1, Infer, Reference};
+  return checked_op<Infer, Compute>(std::move(name), std::move(spellings), std::move(attrs), 1, 1);
 }
 
 AtenSpelling aten(std::string op_type, std::map<std::string, std::string> rename = {}) {
@@ -673,17 +688,12 @@ AttrSpec with_default(std::string name, AttrType type, AttrValue value) { return
 
 void register_shape_ops(OpRegistry& r) {
   // view_as / reshape_as take the target shape from a second input.
-  r.add(OpDef{"reshape",
-              {aten("aten.view.default", {{"size", "shape"}}),
-               aten("aten.reshape.default"),
-               aten("aten._unsafe_view.default", {{"size", "shape"}}),
-               aten("aten.view_as.default"),
-               aten("aten.reshape_as.default")},
-              {optional("shape", AttrType::Ints)},
-              1,
-              2,
-              infer_reshape,
-              reshape_reference});
+  r.add(checked_op<infer_reshape, reshape_reference>(
+      "reshape",
+      {aten("aten.view.default", {{"size", "shape"}}), aten("aten.reshape.default"),
+       aten("aten._unsafe_view.default", {{"size", "shape"}}), aten("aten.view_as.default"),
+       aten("aten.reshape_as.default")},
+      {optional("shape", AttrType::Ints)}, 1, 2));
   r.add(unary_shape_op<infer_flatten, reshape_reference>(
       "flatten", {aten("aten.flatten.using_ints")},
       {with_default("start_dim", AttrType::Int, int64_t{0}), with_default("end_dim", AttrType::Int, int64_t{-1})}));
@@ -703,13 +713,9 @@ void register_shape_ops(OpRegistry& r) {
        aten("aten.swapdims.default")},
       {required("dim0", AttrType::Int), required("dim1", AttrType::Int)}));
   // expand_as takes the target shape from a second input.
-  r.add(OpDef{"expand",
-              {aten("aten.expand.default"), aten("aten.expand_as.default")},
-              {optional("size", AttrType::Ints), with_default("implicit", AttrType::Bool, false)},
-              1,
-              2,
-              infer_expand,
-              expand_reference});
+  r.add(checked_op<infer_expand, expand_reference>(
+      "expand", {aten("aten.expand.default"), aten("aten.expand_as.default")},
+      {optional("size", AttrType::Ints), with_default("implicit", AttrType::Bool, false)}, 1, 2));
   r.add(unary_shape_op<infer_repeat, repeat_reference>("repeat", {aten("aten.repeat.default")},
                                                        {required("repeats", AttrType::Ints)}));
   r.add(unary_shape_op<infer_slice, slice_reference>(
@@ -722,20 +728,12 @@ void register_shape_ops(OpRegistry& r) {
   r.add(unary_shape_op<infer_narrow, narrow_reference>(
       "narrow", {aten("aten.narrow.default")},
       {required("dim", AttrType::Int), required("start", AttrType::Int), required("length", AttrType::Int)}));
-  r.add(OpDef{"cat",
-              {aten("aten.cat.default"), aten("aten.concat.default"), aten("aten.concatenate.default")},
-              {with_default("dim", AttrType::Int, int64_t{0}), optional("_tensor_list_sizes", AttrType::Ints)},
-              1,
-              -1,
-              infer_cat,
-              cat_reference});
-  r.add(OpDef{"stack",
-              {aten("aten.stack.default")},
-              {with_default("dim", AttrType::Int, int64_t{0}), optional("_tensor_list_sizes", AttrType::Ints)},
-              1,
-              -1,
-              infer_stack,
-              stack_reference});
+  r.add(checked_op<infer_cat, cat_reference>(
+      "cat", {aten("aten.cat.default"), aten("aten.concat.default"), aten("aten.concatenate.default")},
+      {with_default("dim", AttrType::Int, int64_t{0}), optional("_tensor_list_sizes", AttrType::Ints)}, 1, -1));
+  r.add(checked_op<infer_stack, stack_reference>(
+      "stack", {aten("aten.stack.default")},
+      {with_default("dim", AttrType::Int, int64_t{0}), optional("_tensor_list_sizes", AttrType::Ints)}, 1, -1));
   // split.Tensor gives a chunk length, split_with_sizes the list of lengths.
   r.add(unary_shape_op<infer_split<split_plan>, split_reference<split_plan>>(
       "split",
@@ -748,7 +746,8 @@ void register_shape_ops(OpRegistry& r) {
       {required("chunks", AttrType::Int), with_default("dim", AttrType::Int, int64_t{0})}));
   r.add(unary_shape_op<infer_unbind, unbind_reference>("unbind", {aten("aten.unbind.int")},
                                                        {with_default("dim", AttrType::Int, int64_t{0})}));
-  r.add(unary_shape_op<infer_flip, flip_reference>("flip", {aten("aten.flip.default")}, {required("dims", AttrType::Ints)}));
+  r.add(unary_shape_op<infer_flip, flip_reference>("flip", {aten("aten.flip.default")},
+                                                   {required("dims", AttrType::Ints)}));
   r.add(unary_shape_op<infer_roll, roll_reference>(
       "roll", {aten("aten.roll.default")},
       {required("shifts", AttrType::Ints), with_default("dims", AttrType::Ints, std::vector<int64_t>{})}));

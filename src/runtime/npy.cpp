@@ -28,9 +28,9 @@ struct NpyDTypeName {
   DType dtype;
 };
 constexpr NpyDTypeName kNpyDTypes[] = {
-    {"<f4", DType::Float32}, {"<f8", DType::Float64}, {"<f2", DType::Float16}, {"<i8", DType::Int64},
-    {"<i4", DType::Int32},   {"<i2", DType::Int16},   {"|i1", DType::Int8},    {"|u1", DType::UInt8},
-    {"|b1", DType::Bool},
+    {"<f4", DType::Float32}, {"<f8", DType::Float64}, {"<f2", DType::Float16},
+    {"<i8", DType::Int64},   {"<i4", DType::Int32},   {"<i2", DType::Int16},
+    {"|i1", DType::Int8},    {"|u1", DType::UInt8},   {"|b1", DType::Bool},
 };
 
 std::optional<DType> parse_descr(std::string descr) {
@@ -94,8 +94,8 @@ class HeaderParser {
 
  private:
   [[noreturn]] void error(const std::string& problem) const {
-    fail(path_ + ": malformed npy header (" + problem + " at offset " + std::to_string(pos_) + "): " +
-         std::string(text_));
+    fail(path_ + ": malformed npy header (" + problem + " at offset " + std::to_string(pos_) +
+         "): " + std::string(text_));
   }
 
   char peek() {

@@ -10,13 +10,13 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
 #include <system_error>
-#include <filesystem>
 
 namespace npusim {
 
@@ -112,7 +112,8 @@ class EntryParser {
     if (!json.is_string()) error("'dtype' must be a string, got " + json.dump());
     const auto dtype = parse_safetensors_dtype(json.get<std::string>());
     if (!dtype)
-      error("unknown dtype '" + json.get<std::string>() + "' (supported: F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL)");
+      error("unknown dtype '" + json.get<std::string>() +
+            "' (supported: F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL)");
     return *dtype;
   }
 
@@ -183,7 +184,8 @@ void check_no_overlap(const std::string& path, const std::map<std::string, Safet
   std::vector<std::pair<const std::string*, const SafetensorsEntry*>> ranges;
   for (const auto& [name, entry] : entries)
     if (entry.end > entry.begin) ranges.emplace_back(&name, &entry);
-  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
+  std::sort(ranges.begin(), ranges.end(),
+            [](const auto& a, const auto& b) { return a.second->begin < b.second->begin; });
   for (size_t i = 1; i < ranges.size(); ++i) {
     const auto& [previous_name, previous] = ranges[i - 1];
     const auto& [name, entry] = ranges[i];
@@ -234,8 +236,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   auto mapping = std::make_shared<const MappedFile>(path);
   const size_t size = mapping->size();
   if (size < 8)
-    fail(path + ": file is too short for a safetensors header (" + std::to_string(size) +
-         " bytes, at least 8 needed)");
+    fail(path + ": file is too short for a safetensors header (" + std::to_string(size) + " bytes, at least 8 needed)");
   const uint64_t header_bytes = read_u64_le(mapping->data());
   if (header_bytes > kMaxHeaderBytes)
     fail(path + ": header length " + std::to_string(header_bytes) +

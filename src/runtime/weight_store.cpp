@@ -9,7 +9,8 @@ namespace npusim {
 namespace {
 
 // Embedding names a tied LM head may borrow, tried after the head's own prefix.
-constexpr const char* kEmbeddingNames[] = {"model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight"};
+constexpr const char* kEmbeddingNames[] = {"model.embed_tokens.weight", "embed_tokens.weight",
+                                           "transformer.wte.weight"};
 
 bool ends_with_component(const std::string& key, std::string_view suffix) {
   if (key == suffix) return true;
@@ -40,9 +41,19 @@ void append_unique(std::vector<std::string>& names, const std::vector<std::strin
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
 }
 
+// Values read by a node or returned by the graph, plus the sources of derived weights among them (a derived
+// weight is computed from its sources at load time, so the sources are needed even when no node reads them).
 std::set<ValueId> used_values(const Graph& graph) {
   std::set<ValueId> used(graph.outputs.begin(), graph.outputs.end());
   for (const Node& node : graph.nodes) used.insert(node.inputs.begin(), node.inputs.end());
+  std::vector<ValueId> pending(used.begin(), used.end());
+  while (!pending.empty()) {
+    const Value& value = graph.value(pending.back());
+    pending.pop_back();
+    if (!value.transform) continue;
+    for (ValueId source : value.transform->sources)
+      if (source != kNoValue && used.insert(source).second) pending.push_back(source);
+  }
   return used;
 }
 
@@ -93,8 +104,8 @@ WeightBinding WeightStore::bind(const Graph& graph) const {
   std::vector<std::string> missing;
   const std::set<ValueId> used = used_values(graph);
   for (ValueId id : graph.weights) {
-    if (!used.count(id)) continue;
     const Value& value = graph.value(id);
+    if (!used.count(id) || value.transform) continue;
     std::optional<Found> found;
 
     for (const std::string* name : {&value.weight_key, &value.name}) {
@@ -111,9 +122,11 @@ WeightBinding WeightStore::bind(const Graph& graph) const {
       found = find_in_files(candidates);
     }
     if (!found && ends_with_component(value.weight_key, "lm_head.weight")) {
-      const std::string prefix = value.weight_key.substr(0, value.weight_key.size() - std::string("lm_head.weight").size());
+      const std::string prefix =
+          value.weight_key.substr(0, value.weight_key.size() - std::string("lm_head.weight").size());
       std::vector<std::string> candidates;
-      for (const char* embedding : kEmbeddingNames) append_unique(candidates, with_prefixes_stripped(prefix + embedding));
+      for (const char* embedding : kEmbeddingNames)
+        append_unique(candidates, with_prefixes_stripped(prefix + embedding));
       found = find_in_files(candidates);
       if (found)
         binding.notes.push_back(describe(value) + " is not in the weight files; tied to the embedding '" + found->name +
@@ -130,13 +143,14 @@ WeightBinding WeightStore::bind(const Graph& graph) const {
     if (!found && is_lifted_constant(value)) {
       found = Found{Tensor(value.meta.dtype, value.meta.shape), "a lifted constant", value.name};
       if (shape_numel(value.meta.shape) != 0)
-        binding.notes.push_back(describe(value) + " is a lifted constant with no data in the IR or the weight files; "
+        binding.notes.push_back(describe(value) +
+                                " is a lifted constant with no data in the IR or the weight files; "
                                 "filled with zeros");
     }
 
     if (!found) {
-      std::string line = describe(value) + " " + shape_string(value.meta.shape) + " " +
-                         std::string(dtype_name(value.meta.dtype));
+      std::string line =
+          describe(value) + " " + shape_string(value.meta.shape) + " " + std::string(dtype_name(value.meta.dtype));
       if (is_rotary_buffer(value))
         line += ": a rotary buffer computed from the model configuration; pass --config <config.json>";
       missing.push_back(line);
@@ -150,8 +164,7 @@ WeightBinding WeightStore::bind(const Graph& graph) const {
 
   if (!missing.empty()) {
     std::string message = source + ": " + std::to_string(missing.size()) +
-                          (missing.size() == 1 ? " weight was" : " weights were") + " not found (" +
-                          file_list(files_) +
+                          (missing.size() == 1 ? " weight was" : " weights were") + " not found (" + file_list(files_) +
                           "; tried the state_dict key, the placeholder name and the key without leading "
                           "components):";
     for (const std::string& line : missing) message += "\n  " + line;

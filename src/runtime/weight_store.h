@@ -20,10 +20,11 @@ struct WeightBinding {
 
 class WeightStore {
  public:
-  void add_file(const std::string& path);     // a .safetensors file, mapped
+  void add_file(const std::string& path);      // a .safetensors file, mapped
   void set_config(const ModelConfig& config);  // enables computing rotary inv_freq
 
-  // A tensor for every weight a node consumes or the graph outputs; unused weights are skipped. Resolution
+  // A tensor for every weight a node consumes or the graph outputs, and for every source of such a weight that
+  // is derived (Value::transform); derived weights themselves and unused weights are skipped. Resolution
   // order: the IR constants; the files (earlier added first) by state_dict key, by placeholder name, then by the
   // key with leading wrapper components stripped one at a time; a tied LM head from the embedding; rotary
   // inv_freq from the config; lifted constants (`c_...`) as empty or zero tensors. Shapes must match the IR;

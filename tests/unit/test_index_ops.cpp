@@ -117,15 +117,17 @@ TEST(Index, AttentionMaskLookupAsInTheQwenPrefillGraph) {
   for (size_t k = 11; k < 16; ++k) mask[k] = 0;  // right padding
   std::vector<int64_t> kv(16);
   std::iota(kv.begin(), kv.end(), int64_t{0});
-  const OpResult r = run_op("aten.index.Tensor", {boolean({1, 16}, mask), i64({1, 1, 1, 1}, {0}), i64({1, 1, 1, 16}, kv)},
-                            {{"_tensor_list_sizes", ints_attr({2})}});
+  const OpResult r =
+      run_op("aten.index.Tensor", {boolean({1, 16}, mask), i64({1, 1, 1, 1}, {0}), i64({1, 1, 1, 16}, kv)},
+             {{"_tensor_list_sizes", ints_attr({2})}});
   EXPECT_EQ(r.metas[0], (TensorMeta{{1, 1, 1, 16}, DType::Bool}));
   EXPECT_EQ(bools(r.outputs[0]), mask);
 }
 
 TEST(Index, NoneSlotKeepsTheLeadingDimension) {
-  const OpResult r = run_op("aten.index.Tensor", {iota_i64({2, 3, 4}), i64({2}, {2, 0})},
-                            {{"_tensor_list_sizes", ints_attr({1})}, {"_tensor_list_none_masks", none_mask({true, false})}});
+  const OpResult r =
+      run_op("aten.index.Tensor", {iota_i64({2, 3, 4}), i64({2}, {2, 0})},
+             {{"_tensor_list_sizes", ints_attr({1})}, {"_tensor_list_none_masks", none_mask({true, false})}});
   EXPECT_EQ(r.metas[0], (TensorMeta{{2, 2, 4}, DType::Int64}));
   EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{8, 9, 10, 11, 0, 1, 2, 3, 20, 21, 22, 23, 12, 13, 14, 15}));
 }
@@ -139,7 +141,8 @@ TEST(Index, AdjacentIndicesAfterANoneSlotStayInPlace) {
 
 TEST(Index, SeparatedIndicesMoveTheBroadcastDimsFirst) {
   const Tensor x = iota_i64({2, 3, 4});
-  const AttrList attrs = {{"_tensor_list_sizes", ints_attr({2})}, {"_tensor_list_none_masks", none_mask({false, true, false})}};
+  const AttrList attrs = {{"_tensor_list_sizes", ints_attr({2})},
+                          {"_tensor_list_none_masks", none_mask({false, true, false})}};
   const OpResult r = run_op("aten.index.Tensor", {x, i64({2}, {1, 0}), i64({2}, {3, 1})}, attrs);
   EXPECT_EQ(r.metas[0].shape, (Shape{2, 3}));
   EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{15, 19, 23, 1, 5, 9}));  // x[i0[b], j, i2[b]]
@@ -160,8 +163,8 @@ TEST(Index, RejectsMasksBadIndicesAndOutOfRangeValues) {
   const Tensor x = iota_f32({2, 3});
   EXPECT_THROW(run_op("aten.index.Tensor", {x, boolean({2}, {1, 0})}), Error);
   EXPECT_THROW(run_op("aten.index.Tensor", {x, f32({1}, {0})}), Error);
-  EXPECT_THROW(run_op("aten.index.Tensor", {x, i64({1}, {2})}), Error);   // row 2 of 2
-  EXPECT_THROW(run_op("aten.index.Tensor", {x, i64({1}, {-3})}), Error);  // wraps below zero
+  EXPECT_THROW(run_op("aten.index.Tensor", {x, i64({1}, {2})}), Error);                          // row 2 of 2
+  EXPECT_THROW(run_op("aten.index.Tensor", {x, i64({1}, {-3})}), Error);                         // wraps below zero
   EXPECT_THROW(run_op("aten.index.Tensor", {x, i64({2}, {0, 1}), i64({3}, {0, 1, 2})}), Error);  // no broadcast
   EXPECT_THROW(run_op("aten.index.Tensor", {x, i64({1}, {0}), i64({1}, {0}), i64({1}, {0})}), Error);  // rank 2
   EXPECT_THROW(run_op("aten.index.Tensor", {x, i64({1}, {0})}, {{"_tensor_list_sizes", ints_attr({2})}}), Error);
@@ -173,8 +176,7 @@ TEST(IndexPut, WritesAccumulatesAndBroadcastsValues) {
   const Tensor zeros = f32({3}, {0, 0, 0});
   EXPECT_EQ(floats(run_op("aten.index_put.default", {zeros, i64({2}, {0, -1}), f32({2}, {5, 6})}).outputs[0]),
             (std::vector<float>{5, 0, 6}));
-  EXPECT_EQ(floats(run_op("aten.index_put.default", {zeros, i64({2}, {0, 0}), f32({2}, {1, 2})},
-                          {{"accumulate", true}})
+  EXPECT_EQ(floats(run_op("aten.index_put.default", {zeros, i64({2}, {0, 0}), f32({2}, {1, 2})}, {{"accumulate", true}})
                        .outputs[0]),
             (std::vector<float>{3, 0, 0}));
   const OpResult rows = run_op("aten.index_put_.default", {iota_i64({3, 2}), i64({1}, {1}), i64({}, {-7})});
@@ -188,11 +190,12 @@ TEST(IndexSelect, RowsAndColumns) {
   const OpResult rows = run_op("aten.index_select.default", {x, i64({3}, {2, 0, 2})}, {{"dim", int64_t{0}}});
   EXPECT_EQ(rows.metas[0].shape, (Shape{3, 2}));
   EXPECT_EQ(floats(rows.outputs[0]), (std::vector<float>{4, 5, 0, 1, 4, 5}));
-  const OpResult column = run_op("aten.index_select.default", {boolean({2, 2}, {1, 0, 0, 0}), i64({1}, {-2})},
-                                 {{"dim", int64_t{-1}}});
+  const OpResult column =
+      run_op("aten.index_select.default", {boolean({2, 2}, {1, 0, 0, 0}), i64({1}, {-2})}, {{"dim", int64_t{-1}}});
   EXPECT_EQ(column.metas[0], (TensorMeta{{2, 1}, DType::Bool}));
   EXPECT_EQ(bools(column.outputs[0]), (std::vector<uint8_t>{1, 0}));
-  EXPECT_EQ(run_op("aten.index_select.default", {x, i64({0}, {})}, {{"dim", int64_t{1}}}).metas[0].shape, (Shape{3, 0}));
+  EXPECT_EQ(run_op("aten.index_select.default", {x, i64({0}, {})}, {{"dim", int64_t{1}}}).metas[0].shape,
+            (Shape{3, 0}));
   EXPECT_THROW(run_op("aten.index_select.default", {x, i64({1}, {3})}, {{"dim", int64_t{0}}}), Error);
   EXPECT_THROW(run_op("aten.index_select.default", {x, i64({1, 1}, {0})}, {{"dim", int64_t{0}}}), Error);
   EXPECT_THROW(run_op("aten.index_select.default", {x, i64({1}, {0})}), Error);  // dim is required
@@ -205,8 +208,9 @@ TEST(IndexCopy, WritesKvRowsAlongDimTwo) {
   for (int i = 0; i < 12; ++i) source.mutable_data<float>()[i] += 100.0f;
   const OpResult r = run_op("aten.index_copy.default", {cache, i64({2}, {4, 1}), source}, {{"dim", int64_t{2}}});
   EXPECT_EQ(r.metas[0], (TensorMeta{{1, 2, 5, 3}, DType::Float32}));
-  EXPECT_EQ(floats(r.outputs[0]), (std::vector<float>{0,  1,   2,   103, 104, 105, 6,  7,  8,  9,  10,  11,  100, 101, 102,
-                                                      15, 16, 17, 109, 110, 111, 21, 22, 23, 24, 25, 26, 106, 107, 108}));
+  EXPECT_EQ(floats(r.outputs[0]),
+            (std::vector<float>{0,  1,  2,  103, 104, 105, 6,  7,  8,  9,  10, 11, 100, 101, 102,
+                                15, 16, 17, 109, 110, 111, 21, 22, 23, 24, 25, 26, 106, 107, 108}));
   EXPECT_EQ(floats(cache), iota_values(30));  // out of place
 }
 
@@ -230,7 +234,8 @@ TEST(IndexCopy, RejectsMismatchedSourceAndBadIndex) {
 }
 
 TEST(Gather, AlongTheLastDim) {
-  const OpResult r = run_op("aten.gather.default", {iota_i64({2, 3}), i64({2, 2}, {0, 0, 2, 1})}, {{"dim", int64_t{-1}}});
+  const OpResult r =
+      run_op("aten.gather.default", {iota_i64({2, 3}), i64({2, 2}, {0, 0, 2, 1})}, {{"dim", int64_t{-1}}});
   EXPECT_EQ(r.metas[0], (TensorMeta{{2, 2}, DType::Int64}));
   EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{0, 0, 5, 4}));
   EXPECT_THROW(run_op("aten.gather.default", {iota_i64({2, 3}), i64({2, 1}, {0, 3})}, {{"dim", int64_t{1}}}), Error);
@@ -243,9 +248,10 @@ TEST(Scatter, SrcValueAndAdd) {
   EXPECT_EQ(floats(run_op("aten.scatter.src", {zeros, i64({2, 1}, {2, 0}), f32({2, 1}, {1, 2})}, {{"dim", int64_t{1}}})
                        .outputs[0]),
             (std::vector<float>{0, 0, 1, 2, 0, 0}));
-  EXPECT_EQ(floats(run_op("aten.scatter.value", {zeros, i64({1, 2}, {1, 0})}, {{"dim", int64_t{0}}, {"value", 9.5}})
-                       .outputs[0]),
-            (std::vector<float>{0, 9.5f, 0, 9.5f, 0, 0}));
+  EXPECT_EQ(
+      floats(
+          run_op("aten.scatter.value", {zeros, i64({1, 2}, {1, 0})}, {{"dim", int64_t{0}}, {"value", 9.5}}).outputs[0]),
+      (std::vector<float>{0, 9.5f, 0, 9.5f, 0, 0}));
   EXPECT_EQ(floats(run_op("aten.scatter_add.default", {zeros, i64({2, 2}, {2, 2, 0, 1}), f32({2, 2}, {1, 2, 3, 4})},
                           {{"dim", int64_t{1}}})
                        .outputs[0]),

@@ -52,14 +52,26 @@ void expect_error(const std::function<void()>& action, const std::vector<std::st
 
 // torch 1.13: 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)), then the scaling
 // formulas of transformers' modeling_rope_utils, evaluated with torch tensors.
-const std::vector<float> kQwenTinyInvFreq = {1.0f,           0.177827939f,    0.0316227786f,   0.00562341325f,
+const std::vector<float> kQwenTinyInvFreq = {1.0f,           0.177827939f,   0.0316227786f,   0.00562341325f,
                                              0.00100000005f, 0.00017782794f, 3.16227743e-05f, 5.62341347e-06f};
 // theta 500000, head_dim 32, factor 8, low 1, high 4, original context 8192: indices 0-7 are high frequency
 // (kept), 8 is smoothed, 9-15 are divided by 8.
-const std::vector<float> kLlama3InvFreq = {
-    1.0f,           0.440366626f,    0.193922758f,    0.0853971019f,   0.0376060307f,   0.0165604409f,
-    0.00729266508f, 0.00321144611f,  0.000524846022f, 7.78465546e-05f, 3.42810235e-05f, 1.50962178e-05f,
-    6.64786967e-06f, 2.92749974e-06f, 1.28917316e-06f, 5.6770881e-07f};
+const std::vector<float> kLlama3InvFreq = {1.0f,
+                                           0.440366626f,
+                                           0.193922758f,
+                                           0.0853971019f,
+                                           0.0376060307f,
+                                           0.0165604409f,
+                                           0.00729266508f,
+                                           0.00321144611f,
+                                           0.000524846022f,
+                                           7.78465546e-05f,
+                                           3.42810235e-05f,
+                                           1.50962178e-05f,
+                                           6.64786967e-06f,
+                                           2.92749974e-06f,
+                                           1.28917316e-06f,
+                                           5.6770881e-07f};
 
 }  // namespace
 
@@ -188,10 +200,9 @@ TEST(ModelConfig, LinearScalingDividesByTheFactor) {
 }
 
 TEST(ModelConfig, DynamicScalingGrowsThetaPastTheTrainedLength) {
-  const ModelConfig config = ModelConfig::parse(
-      llama_config(R"("head_dim": 16, "max_position_embeddings": 256,
+  const ModelConfig config = ModelConfig::parse(llama_config(R"("head_dim": 16, "max_position_embeddings": 256,
                       "rope_scaling": {"rope_type": "dynamic", "factor": 2.0})"),
-      "inline");
+                                                "inline");
   // Up to max_position_embeddings it is the default RoPE.
   const std::vector<float> at_init = config.rope_inv_freq();
   ASSERT_EQ(at_init.size(), 8u);
@@ -207,13 +218,38 @@ TEST(ModelConfig, YarnScaling) {
                               "factor": 4.0, "original_max_position_embeddings": 2048)";
   const ModelConfig config = ModelConfig::parse(llama_config(rope + "}"), "inline");
   // Correction range [8, 21]: below 8 extrapolated (default), above 21 interpolated (default / 4).
-  expect_inv_freq(config.rope_inv_freq(),
-                  {1.0f,           0.749894202f,    0.562341332f,    0.421696514f,    0.316227764f,    0.237137362f,
-                   0.177827939f,   0.133352146f,    0.100000001f,    0.070663102f,    0.0497455746f,   0.0348710567f,
-                   0.0243252143f,  0.0168732349f,   0.0116272122f,   0.00794983935f,  0.00538461516f,  0.00360526075f,
-                   0.00237913639f, 0.00154081406f,  0.000973008573f, 0.000592843455f, 0.000444569858f,
-                   0.000333380362f, 0.000250000012f, 0.000187473546f, 0.000140585325f, 0.000105424122f,
-                   7.90569466e-05f, 5.92843462e-05f, 4.44569851e-05f, 3.33380376e-05f});
+  expect_inv_freq(config.rope_inv_freq(), {1.0f,
+                                           0.749894202f,
+                                           0.562341332f,
+                                           0.421696514f,
+                                           0.316227764f,
+                                           0.237137362f,
+                                           0.177827939f,
+                                           0.133352146f,
+                                           0.100000001f,
+                                           0.070663102f,
+                                           0.0497455746f,
+                                           0.0348710567f,
+                                           0.0243252143f,
+                                           0.0168732349f,
+                                           0.0116272122f,
+                                           0.00794983935f,
+                                           0.00538461516f,
+                                           0.00360526075f,
+                                           0.00237913639f,
+                                           0.00154081406f,
+                                           0.000973008573f,
+                                           0.000592843455f,
+                                           0.000444569858f,
+                                           0.000333380362f,
+                                           0.000250000012f,
+                                           0.000187473546f,
+                                           0.000140585325f,
+                                           0.000105424122f,
+                                           7.90569466e-05f,
+                                           5.92843462e-05f,
+                                           4.44569851e-05f,
+                                           3.33380376e-05f});
   EXPECT_NEAR(config.attention_scaling(), 0.1 * std::log(4.0) + 1.0, 1e-12);
 
   const ModelConfig given = ModelConfig::parse(llama_config(rope + R"(, "attention_factor": 1.5})"), "inline");

@@ -102,8 +102,8 @@ TEST(Safetensors, RoundTripsEveryDtype) {
   write_safetensors(path, tensors, {{"format", "pt"}, {"note", "odd sizes"}});
 
   const SafetensorsFile file = SafetensorsFile::open(path);
-  EXPECT_EQ(file.names(), (std::vector<std::string>{"bf16", "bool", "empty", "f16", "f32", "f64", "i16", "i32",
-                                                    "i64", "i8", "u8"}));
+  EXPECT_EQ(file.names(),
+            (std::vector<std::string>{"bf16", "bool", "empty", "f16", "f32", "f64", "i16", "i32", "i64", "i8", "u8"}));
   for (const auto& [name, expected] : tensors) {
     EXPECT_TRUE(file.contains(name));
     expect_same_tensor(file.get(name), expected, name);
@@ -215,7 +215,8 @@ TEST(Safetensors, RejectsMalformedFiles) {
   expect_open_error(safetensors_bytes("[1, 2]", 0), "must be a JSON object");
   expect_open_error(safetensors_bytes(R"({"w": 3})", 0), "tensor 'w': entry must be a JSON object");
   expect_open_error(safetensors_bytes(R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4), "tensor 'w': missing 'dtype'");
-  expect_open_error(safetensors_bytes(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4), "tensor 'w': missing 'shape'");
+  expect_open_error(safetensors_bytes(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4),
+                    "tensor 'w': missing 'shape'");
   expect_open_error(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[1]}})", 4), "tensor 'w': missing 'data_offsets'");
   expect_open_error(safetensors_bytes(R"({"w":{"dtype":"F8_E4M3","shape":[1],"data_offsets":[0,1]}})", 1),
                     "tensor 'w': unknown dtype 'F8_E4M3'");
@@ -235,8 +236,9 @@ TEST(Safetensors, RejectsMalformedFiles) {
                     "tensor 'w': data_offsets end 16 is past the end of the data section (8 bytes)");
   expect_open_error(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
                     "tensor 'w': byte size 8");
-  expect_open_error(safetensors_bytes(R"({"w":{"dtype":"I64","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8),
-                    "tensor 'w': shape [4611686018427387904, 4] overflows");
+  expect_open_error(
+      safetensors_bytes(R"({"w":{"dtype":"I64","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8),
+      "tensor 'w': shape [4611686018427387904, 4] overflows");
   expect_open_error(safetensors_bytes(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                                       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                                       12),

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -157,8 +160,9 @@ TEST(Flatten, UsingIntsDefaultsAndNegativeDims) {
                 .shape,
             (Shape{2, 12, 5}));
   EXPECT_EQ(run_op("aten.flatten.using_ints", {f32({}, {3})}).metas[0].shape, (Shape{1}));
-  EXPECT_THROW(run_op("aten.flatten.using_ints", {iota_f32({2, 3, 4})}, {{"start_dim", int64_t{2}}, {"end_dim", int64_t{1}}}),
-               Error);
+  EXPECT_THROW(
+      run_op("aten.flatten.using_ints", {iota_f32({2, 3, 4})}, {{"start_dim", int64_t{2}}, {"end_dim", int64_t{1}}}),
+      Error);
   EXPECT_THROW(run_op("aten.flatten.using_ints", {iota_f32({2, 3})}, {{"start_dim", int64_t{2}}}), Error);
 }
 
@@ -201,8 +205,8 @@ TEST(Permute, MovesEveryElement) {
   const OpResult r = run_op("aten.permute.default", {iota_f32({2, 3, 4})}, {{"dims", ints_attr({2, 0, 1})}});
   EXPECT_EQ(r.metas[0].shape, (Shape{4, 2, 3}));
   // out[a][b][c] = in[b][c][a] = 12b + 4c + a
-  EXPECT_EQ(floats(r.outputs[0]), (std::vector<float>{0, 4, 8, 12, 16, 20, 1, 5, 9,  13, 17, 21,
-                                                      2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23}));
+  EXPECT_EQ(floats(r.outputs[0]),
+            (std::vector<float>{0, 4, 8, 12, 16, 20, 1, 5, 9, 13, 17, 21, 2, 6, 10, 14, 18, 22, 3, 7, 11, 15, 19, 23}));
   const OpResult negative = run_op("aten.permute.default", {iota_f32({2, 3, 4})}, {{"dims", ints_attr({-1, 0, -2})}});
   EXPECT_EQ(floats(negative.outputs[0]), floats(r.outputs[0]));
   EXPECT_THROW(run_op("aten.permute.default", {iota_f32({2, 3, 4})}, {{"dims", ints_attr({0, 0, 1})}}), Error);
@@ -211,19 +215,19 @@ TEST(Permute, MovesEveryElement) {
 }
 
 TEST(Transpose, IntAndBoolWithNegativeDims) {
-  const OpResult r =
-      run_op("aten.transpose.int", {iota_i64({2, 3})}, {{"dim0", int64_t{0}}, {"dim1", int64_t{-1}}});
+  const OpResult r = run_op("aten.transpose.int", {iota_i64({2, 3})}, {{"dim0", int64_t{0}}, {"dim1", int64_t{-1}}});
   EXPECT_EQ(r.metas[0], (TensorMeta{{3, 2}, DType::Int64}));
   EXPECT_EQ(ints(r.outputs[0]), (std::vector<int64_t>{0, 3, 1, 4, 2, 5}));
-  const OpResult b = run_op("aten.transpose.int", {boolean({1, 2, 2}, {1, 1, 0, 0})},
-                            {{"dim0", int64_t{-2}}, {"dim1", int64_t{2}}});
+  const OpResult b =
+      run_op("aten.transpose.int", {boolean({1, 2, 2}, {1, 1, 0, 0})}, {{"dim0", int64_t{-2}}, {"dim1", int64_t{2}}});
   EXPECT_EQ(bools(b.outputs[0]), (std::vector<uint8_t>{1, 0, 1, 0}));
   const OpResult swapped =
       run_op("aten.swapaxes.default", {iota_f32({2, 1, 3})}, {{"axis0", int64_t{2}}, {"axis1", int64_t{0}}});
   EXPECT_EQ(swapped.metas[0].shape, (Shape{3, 1, 2}));
   EXPECT_EQ(floats(swapped.outputs[0]), (std::vector<float>{0, 3, 1, 4, 2, 5}));
-  EXPECT_EQ(run_op("aten.transpose.int", {iota_f32({0, 3})}, {{"dim0", int64_t{0}}, {"dim1", int64_t{1}}}).metas[0].shape,
-            (Shape{3, 0}));
+  EXPECT_EQ(
+      run_op("aten.transpose.int", {iota_f32({0, 3})}, {{"dim0", int64_t{0}}, {"dim1", int64_t{1}}}).metas[0].shape,
+      (Shape{3, 0}));
   EXPECT_THROW(run_op("aten.transpose.int", {iota_f32({2, 3})}, {{"dim0", int64_t{0}}, {"dim1", int64_t{2}}}), Error);
   EXPECT_THROW(run_op("aten.transpose.int", {iota_f32({2, 3})}, {{"dim0", int64_t{0}}}), Error);
 }
@@ -264,16 +268,19 @@ TEST(Repeat, TilesWithNewLeadingDims) {
 
 TEST(Slice, OpenEndNegativeStartAndStep) {
   const Tensor x = iota_f32({2, 10});
-  const OpResult open = run_op("aten.slice.Tensor", {x}, {{"dim", int64_t{1}}, {"start", int64_t{8}}, {"end", kInt64Max}});
+  const OpResult open =
+      run_op("aten.slice.Tensor", {x}, {{"dim", int64_t{1}}, {"start", int64_t{8}}, {"end", kInt64Max}});
   EXPECT_EQ(open.metas[0].shape, (Shape{2, 2}));
   EXPECT_EQ(floats(open.outputs[0]), (std::vector<float>{8, 9, 18, 19}));
-  const OpResult stepped = run_op("aten.slice.Tensor", {x},
-                                  {{"dim", int64_t{-1}}, {"start", int64_t{-3}}, {"end", kInt64Max}, {"step", int64_t{2}}});
+  const OpResult stepped =
+      run_op("aten.slice.Tensor", {x},
+             {{"dim", int64_t{-1}}, {"start", int64_t{-3}}, {"end", kInt64Max}, {"step", int64_t{2}}});
   EXPECT_EQ(stepped.metas[0].shape, (Shape{2, 2}));
   EXPECT_EQ(floats(stepped.outputs[0]), (std::vector<float>{7, 9, 17, 19}));
   const OpResult every_third = run_op("aten.slice.Tensor", {x}, {{"dim", int64_t{1}}, {"step", int64_t{3}}});
   EXPECT_EQ(floats(every_third.outputs[0]), (std::vector<float>{0, 3, 6, 9, 10, 13, 16, 19}));
-  const OpResult tail = run_op("aten.slice.Tensor", {x}, {{"dim", int64_t{1}}, {"start", int64_t{-100}}, {"end", int64_t{-8}}});
+  const OpResult tail =
+      run_op("aten.slice.Tensor", {x}, {{"dim", int64_t{1}}, {"start", int64_t{-100}}, {"end", int64_t{-8}}});
   EXPECT_EQ(floats(tail.outputs[0]), (std::vector<float>{0, 1, 10, 11}));
 }
 
@@ -283,9 +290,11 @@ TEST(Slice, DefaultsNullsAndEmptyRanges) {
   EXPECT_EQ(ints(rows.outputs[0]), (std::vector<int64_t>{2, 3, 4, 5}));
   const OpResult nulls = run_op("aten.slice.Tensor", {x}, {{"start", NoneValue{}}, {"end", NoneValue{}}});
   EXPECT_EQ(ints(nulls.outputs[0]), (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
-  const OpResult empty = run_op("aten.slice.Tensor", {x}, {{"dim", int64_t{1}}, {"start", int64_t{2}}, {"end", int64_t{1}}});
+  const OpResult empty =
+      run_op("aten.slice.Tensor", {x}, {{"dim", int64_t{1}}, {"start", int64_t{2}}, {"end", int64_t{1}}});
   EXPECT_EQ(empty.metas[0].shape, (Shape{3, 0}));
-  const OpResult bools_out = run_op("aten.slice.Tensor", {boolean({4}, {0, 1, 1, 0})}, {{"start", int64_t{1}}, {"end", int64_t{3}}});
+  const OpResult bools_out =
+      run_op("aten.slice.Tensor", {boolean({4}, {0, 1, 1, 0})}, {{"start", int64_t{1}}, {"end", int64_t{3}}});
   EXPECT_EQ(bools(bools_out.outputs[0]), (std::vector<uint8_t>{1, 1}));
   EXPECT_EQ(run_op("aten.slice.Tensor", {iota_f32({0})}).metas[0].shape, (Shape{0}));
 }
@@ -302,7 +311,8 @@ TEST(Select, NegativeIndexAndDim) {
   const OpResult r = run_op("aten.select.int", {iota_f32({2, 3, 4})}, {{"dim", int64_t{1}}, {"index", int64_t{-1}}});
   EXPECT_EQ(r.metas[0].shape, (Shape{2, 4}));
   EXPECT_EQ(floats(r.outputs[0]), (std::vector<float>{8, 9, 10, 11, 20, 21, 22, 23}));
-  const OpResult scalar = run_op("aten.select.int", {i64({3}, {4, 5, 6})}, {{"dim", int64_t{-1}}, {"index", int64_t{1}}});
+  const OpResult scalar =
+      run_op("aten.select.int", {i64({3}, {4, 5, 6})}, {{"dim", int64_t{-1}}, {"index", int64_t{1}}});
   EXPECT_EQ(scalar.metas[0].shape, (Shape{}));
   EXPECT_EQ(ints(scalar.outputs[0]), (std::vector<int64_t>{5}));
   EXPECT_THROW(run_op("aten.select.int", {iota_f32({2, 3})}, {{"dim", int64_t{1}}, {"index", int64_t{3}}}), Error);
@@ -325,8 +335,8 @@ TEST(Narrow, NegativeStart) {
 TEST(Cat, SkipsTheEmptyKvCacheOfPrefillGraphs) {
   // As in the exported prefill graph: cat([empty [0] cache, new keys], dim=-2).
   const Tensor keys = iota_f32({1, 2, 3, 2});
-  const OpResult r = run_op("aten.cat.default", {f32({0}, {}), keys},
-                            {{"dim", int64_t{-2}}, {"_tensor_list_sizes", ints_attr({2})}});
+  const OpResult r =
+      run_op("aten.cat.default", {f32({0}, {}), keys}, {{"dim", int64_t{-2}}, {"_tensor_list_sizes", ints_attr({2})}});
   EXPECT_EQ(r.metas[0], (TensorMeta{{1, 2, 3, 2}, DType::Float32}));
   EXPECT_EQ(floats(r.outputs[0]), iota_values(12));
 }
@@ -382,8 +392,8 @@ TEST(Split, SplitSizeAndSizes) {
   EXPECT_EQ(floats(r.outputs[0]), (std::vector<float>{0, 1, 2, 3}));
   EXPECT_EQ(floats(r.outputs[1]), (std::vector<float>{4, 5, 6, 7}));
   EXPECT_EQ(floats(r.outputs[2]), (std::vector<float>{8, 9}));
-  const OpResult sizes =
-      run_op("aten.split_with_sizes.default", {iota_i64({2, 3})}, {{"split_sizes", ints_attr({1, 0, 2})}, {"dim", int64_t{-1}}});
+  const OpResult sizes = run_op("aten.split_with_sizes.default", {iota_i64({2, 3})},
+                                {{"split_sizes", ints_attr({1, 0, 2})}, {"dim", int64_t{-1}}});
   ASSERT_EQ(sizes.metas.size(), 3u);
   EXPECT_EQ(ints(sizes.outputs[0]), (std::vector<int64_t>{0, 3}));
   EXPECT_EQ(sizes.metas[1].shape, (Shape{2, 0}));
@@ -405,8 +415,9 @@ TEST(Chunk, UnevenAndEmpty) {
   EXPECT_EQ(floats(r.outputs[0]), (std::vector<float>{0, 1}));
   EXPECT_EQ(floats(r.outputs[1]), (std::vector<float>{2, 3}));
   EXPECT_EQ(floats(r.outputs[2]), (std::vector<float>{4}));
-  EXPECT_EQ(run_op("aten.chunk.default", {iota_f32({2, 6})}, {{"chunks", int64_t{4}}, {"dim", int64_t{-1}}}).metas.size(),
-            3u);  // chunk size 2
+  EXPECT_EQ(
+      run_op("aten.chunk.default", {iota_f32({2, 6})}, {{"chunks", int64_t{4}}, {"dim", int64_t{-1}}}).metas.size(),
+      3u);  // chunk size 2
   const OpResult empty = run_op("aten.chunk.default", {iota_f32({0})}, {{"chunks", int64_t{3}}});
   EXPECT_EQ(empty.metas.size(), 3u);
   EXPECT_THROW(run_op("aten.chunk.default", {iota_f32({4})}, {{"chunks", int64_t{0}}}), Error);
@@ -436,21 +447,93 @@ TEST(Roll, FlatAndPerDim) {
             (std::vector<float>{3, 4, 0, 1, 2}));
   EXPECT_EQ(floats(run_op("aten.roll.default", {iota_f32({2, 3})}, {{"shifts", ints_attr({1})}}).outputs[0]),
             (std::vector<float>{5, 0, 1, 2, 3, 4}));
-  EXPECT_EQ(ints(run_op("aten.roll.default", {iota_i64({2, 3})}, {{"shifts", ints_attr({1, -1})}, {"dims", ints_attr({0, 1})}})
+  EXPECT_EQ(ints(run_op("aten.roll.default", {iota_i64({2, 3})},
+                        {{"shifts", ints_attr({1, -1})}, {"dims", ints_attr({0, 1})}})
                      .outputs[0]),
             (std::vector<int64_t>{4, 5, 3, 1, 2, 0}));
   EXPECT_THROW(run_op("aten.roll.default", {iota_f32({2, 3})}, {{"shifts", ints_attr({1, 2})}}), Error);
-  EXPECT_THROW(run_op("aten.roll.default", {iota_f32({2, 3})}, {{"shifts", ints_attr({1})}, {"dims", ints_attr({0, 1})}}),
-               Error);
+  EXPECT_THROW(
+      run_op("aten.roll.default", {iota_f32({2, 3})}, {{"shifts", ints_attr({1})}, {"dims", ints_attr({0, 1})}}),
+      Error);
 }
 
 TEST(ShapeOps, EmptyTensorsFlowThrough) {
   const Tensor empty = iota_f32({0, 1, 3});
   EXPECT_EQ(run_op("aten.permute.default", {empty}, {{"dims", ints_attr({2, 0, 1})}}).metas[0].shape, (Shape{3, 0, 1}));
   EXPECT_EQ(run_op("aten.expand.default", {empty}, {{"size", ints_attr({0, 4, 3})}}).metas[0].shape, (Shape{0, 4, 3}));
-  EXPECT_EQ(run_op("aten.repeat.default", {empty}, {{"repeats", ints_attr({2, 2, 2})}}).metas[0].shape, (Shape{0, 2, 6}));
+  EXPECT_EQ(run_op("aten.repeat.default", {empty}, {{"repeats", ints_attr({2, 2, 2})}}).metas[0].shape,
+            (Shape{0, 2, 6}));
   EXPECT_EQ(run_op("aten.select.int", {empty}, {{"dim", int64_t{1}}, {"index", int64_t{0}}}).metas[0].shape,
             (Shape{0, 3}));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Every node of the exported fixtures that these op families own: the inferred metas equal the recorded ones.
+
+AttrValue attr_from_json(const nlohmann::json& j) {
+  if (j.is_null()) return NoneValue{};
+  if (j.is_boolean()) return j.get<bool>();
+  if (j.is_number_integer()) return j.get<int64_t>();
+  if (j.is_number()) return j.get<double>();
+  if (j.is_string()) return j.get<std::string>();
+  std::vector<nlohmann::json> flat;
+  for (const auto& item : j) {  // the one nested form, [[...]], is a single tensor list's None mask
+    if (item.is_array())
+      flat.insert(flat.end(), item.begin(), item.end());
+    else
+      flat.push_back(item);
+  }
+  if (!flat.empty() && flat[0].is_boolean()) {
+    std::vector<bool> values;
+    for (const auto& item : flat) values.push_back(item.get<bool>());
+    return values;
+  }
+  std::vector<int64_t> values;
+  for (const auto& item : flat) values.push_back(item.get<int64_t>());
+  return values;
+}
+
+TensorMeta meta_from_json(const nlohmann::json& j) {
+  return {j.at("shape").get<Shape>(), parse_dtype(j.at("dtype").get<std::string>()).value()};
+}
+
+TEST(ExportedGraphs, InferredMetasMatchEveryOwnedNode) {
+  const std::set<std::string> owned = {"reshape",      "flatten",     "unflatten",
+                                       "squeeze",      "unsqueeze",   "permute",
+                                       "transpose",    "expand",      "repeat",
+                                       "slice",        "select",      "narrow",
+                                       "cat",          "stack",       "split",
+                                       "chunk",        "unbind",      "flip",
+                                       "roll",         "index",       "index_put",
+                                       "index_select", "index_copy",  "gather",
+                                       "scatter",      "scatter_add", "full",
+                                       "full_like",    "new_full",    "scalar_tensor",
+                                       "arange",       "linspace",    "rotary_embedding"};
+  const OpRegistry& registry = OpRegistry::instance();
+  std::map<std::string, int> checked;
+  for (const char* file : {"qwen_tiny/prefill_ir.json", "qwen_tiny/decode_ir.json", "ir/qwen15_prefill_ir.json",
+                           "ir/qwen15_decode_ir.json", "ir/resnet18_ir.json"}) {
+    std::ifstream in(std::string(NPUSIM_TEST_DATA) + "/fixtures/" + file);
+    ASSERT_TRUE(in) << file;
+    const nlohmann::json ir = nlohmann::json::parse(in);
+    for (const auto& node : ir.at("nodes")) {
+      const auto [def, spelling] = registry.find_spelling(node.at("op_type").get<std::string>());
+      if (!def || !owned.count(def->name)) continue;
+      const std::string where = std::string(file) + ":" + node.at("name").get<std::string>();
+      Attrs attrs(where);
+      for (const auto& [name, value] : node.at("attrs").items()) attrs.set(name, attr_from_json(value));
+      registry.normalize_attrs(*def, spelling, attrs, where);
+      std::vector<TensorMeta> inputs;
+      for (const auto& input : node.at("inputs")) inputs.push_back(meta_from_json(input));
+      std::vector<TensorMeta> expected;
+      for (const auto& output : node.at("outputs")) expected.push_back(meta_from_json(output));
+      EXPECT_EQ(def->infer(attrs, inputs), expected) << where;
+      ++checked[def->name];
+    }
+  }
+  for (const char* op : {"reshape", "flatten", "unsqueeze", "transpose", "expand", "slice", "cat", "index",
+                         "index_copy", "arange", "new_full", "rotary_embedding"})
+    EXPECT_GT(checked[op], 0) << op;
 }
 
 }  // namespace

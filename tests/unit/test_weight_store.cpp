@@ -89,7 +89,7 @@ struct GraphBuilder {
   }
 };
 
-const std::vector<float> kQwenTinyInvFreq = {1.0f,           0.177827939f,    0.0316227786f,   0.00562341325f,
+const std::vector<float> kQwenTinyInvFreq = {1.0f,           0.177827939f,   0.0316227786f,   0.00562341325f,
                                              0.00100000005f, 0.00017782794f, 3.16227743e-05f, 5.62341347e-06f};
 
 }  // namespace
@@ -124,7 +124,8 @@ TEST(WeightStore, BindsTheQwenTinyPrefillGraph) {
   const Tensor embed = file.get("model.embed_tokens.weight");
   EXPECT_EQ(head.shape(), (Shape{512, 64}));
   EXPECT_EQ(std::memcmp(head.bytes(), embed.bytes(), embed.nbytes()), 0);
-  EXPECT_TRUE(has_note(binding, {"model.lm_head.weight", "p_model_lm_head_weight", "tied", "model.embed_tokens.weight"}));
+  EXPECT_TRUE(
+      has_note(binding, {"model.lm_head.weight", "p_model_lm_head_weight", "tied", "model.embed_tokens.weight"}));
 
   // inv_freq comes from config.json and matches Hugging Face's fp32 computation.
   const Tensor inv_freq = tensors.at("model.model.rotary_emb.inv_freq");
@@ -154,11 +155,12 @@ TEST(WeightStore, ListsEveryMissingWeightInOneError) {
   WeightStore store;
   store.add_file(partial);  // and no config
   const std::string message = error_of([&] { store.bind(graph); });
-  expect_contains(message, {kTiny + "prefill_ir.json", "25 weights were not found", partial,
-                            "'model.model.layers.0.mlp.up_proj.weight' (placeholder "
-                            "p_model_model_layers_0_mlp_up_proj_weight) [176, 64] float32",
-                            "'model.model.layers.1.self_attn.v_proj.bias'", "p_model_model_layers_1_self_attn_v_proj_bias",
-                            "'model.model.rotary_emb.inv_freq'", "--config"});
+  expect_contains(message,
+                  {kTiny + "prefill_ir.json", "25 weights were not found", partial,
+                   "'model.model.layers.0.mlp.up_proj.weight' (placeholder "
+                   "p_model_model_layers_0_mlp_up_proj_weight) [176, 64] float32",
+                   "'model.model.layers.1.self_attn.v_proj.bias'", "p_model_model_layers_1_self_attn_v_proj_bias",
+                   "'model.model.rotary_emb.inv_freq'", "--config"});
   // Found ones are not listed.
   EXPECT_EQ(message.find("'model.model.norm.weight'"), std::string::npos) << message;
   EXPECT_EQ(message.find("'model.lm_head.weight'"), std::string::npos) << message;
@@ -193,7 +195,7 @@ TEST(WeightStore, ResolutionOrder) {
   const WeightBinding binding = store.bind(builder.graph);
   std::map<ValueId, Tensor> tensors(binding.tensors.begin(), binding.tensors.end());
   ASSERT_EQ(tensors.size(), 5u);
-  EXPECT_EQ(tensors.at(from_constant).data<float>()[0], 1.0f);   // IR constants beat the files
+  EXPECT_EQ(tensors.at(from_constant).data<float>()[0], 1.0f);    // IR constants beat the files
   EXPECT_EQ(tensors.at(by_placeholder).data<float>()[2], 22.0f);  // found by placeholder name
   // "model.model.layers.0.w" -> "model.layers.0.w" (file b) is tried before "layers.0.w" (file a).
   EXPECT_EQ(tensors.at(stripped).data<float>()[0], 70.0f);
@@ -235,6 +237,26 @@ TEST(WeightStore, SkipsUnusedWeightsAndBindsGraphOutputs) {
   ASSERT_EQ(binding.tensors.size(), 1u);
   EXPECT_EQ(binding.tensors[0].first, output);
   EXPECT_EQ(binding.tensors[0].second.data<float>()[1], 6.0f);
+}
+
+TEST(WeightStore, BindsTheSourcesOfDerivedWeights) {
+  const std::string path = fresh_dir() + "w.safetensors";
+  write_safetensors(
+      path, {{"conv.weight", filled(DType::Float32, {2, 1}, 1)}, {"bn.running_var", filled(DType::Float32, {2}, 3)}});
+  GraphBuilder builder;
+  const ValueId conv = builder.weight("p_conv_weight", "conv.weight", {2, 1}, /*used=*/false);
+  const ValueId var = builder.weight("b_bn_running_var", "bn.running_var", {2}, /*used=*/false);
+  builder.weight("p_bn_weight", "bn.weight", {2}, /*used=*/false);  // not a source, not in the file
+  const ValueId folded = builder.weight("folded_conv_weight", "folded_conv_weight", {2, 1});
+  builder.graph.value(folded).transform = WeightTransform{"fold_bn", {conv, kNoValue, var}, {}};
+  WeightStore store;
+  store.add_file(path);
+  const WeightBinding binding = store.bind(builder.graph);
+  ASSERT_EQ(binding.tensors.size(), 2u);
+  EXPECT_EQ(binding.tensors[0].first, conv);
+  EXPECT_EQ(binding.tensors[0].second.data<float>()[1], 2.0f);
+  EXPECT_EQ(binding.tensors[1].first, var);
+  EXPECT_EQ(binding.tensors[1].second.data<float>()[0], 3.0f);
 }
 
 TEST(WeightStore, TiesGpt2StyleHeadAndPrefersStoredInvFreq) {

@@ -1,0 +1,56 @@
+#include "runtime/weight_transforms.h"
+
+#include <cmath>
+
+namespace npusim {
+
+namespace {
+
+std::vector<double> bn_scale(const Tensor& gamma, const Tensor& var, double eps, int64_t channels,
+                             const std::string& name) {
+  if (var.numel() != channels) fail(name + ": running_var has " + std::to_string(var.numel()) + " values for " +
+                                    std::to_string(channels) + " channels");
+  std::vector<double> scale(static_cast<size_t>(channels));
+  for (int64_t c = 0; c < channels; ++c) {
+    const double g = gamma.defined() && gamma.numel() ? gamma.element_as_double(c) : 1.0;
+    scale[static_cast<size_t>(c)] = g / std::sqrt(var.element_as_double(c) + eps);
+  }
+  return scale;
+}
+
+}  // namespace
+
+Tensor apply_weight_transform(const WeightTransform& transform, std::span<const Tensor> sources,
+                              const std::string& name) {
+  const double eps = transform.params.get_float("eps", 1e-5);
+  if (transform.kind == "bn_fold_weight") {
+    const Tensor weight = sources[0].to(DType::Float32);
+    const int64_t channels = weight.shape().empty() ? 1 : weight.shape()[0];
+    const auto scale = bn_scale(sources[1], sources[2], eps, channels, name);
+    Tensor out = weight.clone();
+    const int64_t per_channel = channels ? weight.numel() / channels : 0;
+    float* data = out.mutable_data<float>();
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t i = 0; i < per_channel; ++i)
+        data[c * per_channel + i] = static_cast<float>(data[c * per_channel + i] * scale[static_cast<size_t>(c)]);
+    return out;
+  }
+  if (transform.kind == "bn_fold_bias") {
+    const Tensor& bias = sources[0];
+    const Tensor& beta = sources[2];
+    const Tensor& mean = sources[3];
+    const int64_t channels = mean.numel();
+    const auto scale = bn_scale(sources[1], sources[4], eps, channels, name);
+    Tensor out(DType::Float32, {channels});
+    for (int64_t c = 0; c < channels; ++c) {
+      const double b = bias.defined() && bias.numel() ? bias.element_as_double(c) : 0.0;
+      const double shift = beta.defined() && beta.numel() ? beta.element_as_double(c) : 0.0;
+      out.mutable_data<float>()[c] =
+          static_cast<float>((b - mean.element_as_double(c)) * scale[static_cast<size_t>(c)] + shift);
+    }
+    return out;
+  }
+  fail(name + ": unknown weight transform '" + transform.kind + "'");
+}
+
+}  // namespace npusim
