@@ -2,7 +2,7 @@
 # Installs the Debian packages npusim needs to build and test (run as root on Debian 12).
 set -euo pipefail
 packages=(build-essential cmake ninja-build nlohmann-json3-dev libgtest-dev python3 python3-numpy python3-torch
-  python3-torchvision)
+  python3-torchvision flatbuffers-compiler libflatbuffers-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -13,7 +13,11 @@ constexpr const char* kUsage = R"(npusim: compile and run PyTorch models exporte
 usage: npusim COMMAND [options]   (npusim COMMAND --help for its options)
 
 commands:
-  run      run a graph on the reference CPU path and write or print its outputs
+  compile  compile a graph into a program (.npubin) for a target; --report shows what runs where
+  inspect  print a compiled program: inputs, outputs, kernels, buffers, weights, bytes
+  run      run a graph or program on its backend (or --reference) and write or print its outputs
+  bisect   find the compiler pass and node where a compiled model's output starts to diverge
+  passes   list the compiler passes (each can be switched off with --disable NAME)
   verify   compare two safetensors files tensor by tensor (Pearson r, top-5, argmax, max |diff|)
   ops      list the supported ATen ops and the canonical op each maps to
 )";
@@ -32,6 +36,10 @@ int main(int argc, char** argv) {
     if (command == "run") return npusim::cli::run_command(args);
     if (command == "verify") return npusim::cli::verify_command(args);
     if (command == "ops") return npusim::cli::ops_command(args);
+    if (command == "compile") return npusim::cli::compile_command(args);
+    if (command == "inspect") return npusim::cli::inspect_command(args);
+    if (command == "passes") return npusim::cli::passes_command(args);
+    if (command == "bisect") return npusim::cli::bisect_command(args);
     std::fprintf(stderr, "npusim: unknown command '%s' (see npusim --help)\n", command.c_str());
     return 2;
   } catch (const npusim::Error& error) {

@@ -83,5 +83,6 @@ void register_shape_ops(OpRegistry& registry);
 void register_index_ops(OpRegistry& registry);
 void register_creation_ops(OpRegistry& registry);
 void register_misc_ops(OpRegistry& registry);
+void register_fused_ops(OpRegistry& registry);  // ops only the compiler's fusion passes create
 
 }  // namespace npusim

@@ -12,6 +12,15 @@ const std::vector<Pass>& all_passes() {
        fold_constants},
       {"fold_batchnorm", "fold inference BatchNorm into the preceding conv or linear (load-time weight transform)",
        false, fold_batchnorm},
+      {"fuse_conv_activation", "conv2d + optional residual add + activation in one kernel", true, fuse_conv_activation},
+      {"fuse_add_relu", "add + relu in one kernel", true, fuse_add_relu},
+      {"fuse_rms_norm", "the pow/mean/add/rsqrt/mul chain as one rms_norm", true, fuse_rms_norm},
+      {"fuse_silu_mul", "silu(gate) * up in one kernel", true, fuse_silu_mul},
+      {"fuse_rope", "rotary embedding (x*cos + rotate_half(x)*sin) in one kernel", true, fuse_rope},
+      {"fuse_attention", "QK^T, scale, mask, softmax, V (grouped-query aware) as one attention", true,
+       fuse_attention},
+      {"fuse_masked_softmax", "add(mask) + softmax in one kernel", true, fuse_masked_softmax},
+      {"fuse_elementwise", "chains of elementwise ops as one generated kernel", true, fuse_elementwise},
   };
   return passes;
 }
@@ -29,10 +38,17 @@ void run_passes(Graph& graph, const PassOptions& options, PassContext& context) 
       for (const Pass& pass : all_passes()) known += std::string(known.empty() ? "" : ", ") + pass.name;
       fail("unknown pass '" + name + "' (passes: " + known + ", or 'fusions' for every fusion)");
     }
-  for (const Pass& pass : all_passes()) {
-    if (options.disabled.count(pass.name) || (pass.is_fusion && options.disabled.count("fusions"))) continue;
+  std::vector<Pass> enabled;
+  for (const Pass& pass : all_passes())
+    if (!options.disabled.count(pass.name) && !(pass.is_fusion && options.disabled.count("fusions")))
+      enabled.push_back(pass);
+  run_pass_list(graph, enabled, context, options.verify_each);
+}
+
+void run_pass_list(Graph& graph, const std::vector<Pass>& passes, PassContext& context, bool verify_each) {
+  for (const Pass& pass : passes) {
     pass.run(graph, context);
-    if (options.verify_each) check_graph(graph, pass.name);
+    if (verify_each) check_graph(graph, pass.name);
   }
 }
 

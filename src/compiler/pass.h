@@ -31,10 +31,20 @@ struct PassOptions {
 
 // Fails on an unknown pass name in `disabled`.
 void run_passes(Graph& graph, const PassOptions& options, PassContext& context);
+// Runs exactly the given passes, in order (bisecting, tests).
+void run_pass_list(Graph& graph, const std::vector<Pass>& passes, PassContext& context, bool verify_each = true);
 
 // The passes, one file each under compiler/passes/.
 void remove_noops(Graph& graph, PassContext& context);
 void fold_constants(Graph& graph, PassContext& context);
 void fold_batchnorm(Graph& graph, PassContext& context);
+void fuse_conv_activation(Graph& graph, PassContext& context);
+void fuse_add_relu(Graph& graph, PassContext& context);
+void fuse_rms_norm(Graph& graph, PassContext& context);
+void fuse_silu_mul(Graph& graph, PassContext& context);
+void fuse_rope(Graph& graph, PassContext& context);
+void fuse_attention(Graph& graph, PassContext& context);
+void fuse_masked_softmax(Graph& graph, PassContext& context);
+void fuse_elementwise(Graph& graph, PassContext& context);
 
 }  // namespace npusim::compiler

@@ -1,9 +1,39 @@
 #include "npusim/tensor.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <limits>
 
 namespace npusim {
+
+namespace {
+
+size_t physical_memory_bytes() {
+  static const size_t bytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page_size = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_size <= 0) return std::numeric_limits<size_t>::max();
+    return static_cast<size_t>(pages) * static_cast<size_t>(page_size);
+  }();
+  return bytes;
+}
+
+// A request larger than the machine's memory can never succeed: refuse it with the shape rather than throwing
+// bad_alloc (or, under AddressSanitizer, aborting) deep inside an allocation.
+size_t checked_allocation_bytes(DType dtype, const Shape& shape) {
+  const auto numel = static_cast<size_t>(shape_numel(shape));
+  const size_t element = dtype_size(dtype);
+  const size_t memory = physical_memory_bytes();
+  if (numel > memory / element)
+    fail("cannot allocate a " + std::string(dtype_name(dtype)) + " tensor of shape " + shape_string(shape) + ": " +
+         (numel > std::numeric_limits<size_t>::max() / element ? std::string("its size overflows")
+                                                                 : std::to_string(numel * element) + " bytes") +
+         ", more than this machine's " + std::to_string(memory) + " bytes of memory");
+  return numel * element;
+}
+
+}  // namespace
 
 int64_t shape_numel(const Shape& shape) {
   int64_t count = 1;
@@ -31,7 +61,7 @@ Shape contiguous_strides(const Shape& shape) {
 }
 
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)), writable_(true) {
-  const size_t bytes = nbytes();
+  const size_t bytes = checked_allocation_bytes(dtype_, shape_);
   auto storage = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]());
   data_ = storage.get();
   owner_ = std::shared_ptr<const void>(storage, storage.get());

@@ -1,5 +1,6 @@
 #include "ir/torch_ir_reader.h"
 
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -142,6 +143,18 @@ class Reader {
     else fail(where + ": constant data must be numbers, got " + describe(data));
   }
 
+  // Integer constants are converted from double: a value out of range (or NaN) would make that undefined.
+  static bool fits_dtype(double value, DType dtype) {
+    switch (dtype) {
+      case DType::Int8: return value >= -128.0 && value <= 127.0;
+      case DType::UInt8: return value >= 0.0 && value <= 255.0;
+      case DType::Int16: return value >= -32768.0 && value <= 32767.0;
+      case DType::Int32: return value >= -2147483648.0 && value <= 2147483647.0;
+      case DType::Int64: return value >= -9223372036854775808.0 && value < 9223372036854775808.0;
+      default: return true;
+    }
+  }
+
   void read_constants(const json& root) {
     if (!root.contains("constants") || root["constants"].is_null()) return;
     const json& constants = root["constants"];
@@ -159,6 +172,9 @@ class Reader {
         dtype = *parse_dtype(entry["dtype"].get<std::string>());
       }
       if (shape_numel(shape) != static_cast<int64_t>(numbers.size())) fail(where + ": ragged nested list");
+      for (double number : numbers)
+        if (!fits_dtype(number, dtype))
+          fail(where + ": value " + json(number).dump() + " does not fit dtype " + std::string(dtype_name(dtype)));
       Tensor values(DType::Float64, shape);
       for (size_t i = 0; i < numbers.size(); ++i) values.mutable_data<double>()[i] = numbers[i];
       graph_.constants[name] = values.to(dtype);
@@ -380,13 +396,14 @@ Graph parse_torch_ir(std::string_view text, const std::string& source_name) {
   json root;
   try {
     root = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& error) {
+  } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 1e999
     fail(source_name + ": not valid JSON (" + std::string(error.what()) + ")");
   }
   return Reader(source_name).read(root);
 }
 
 Graph read_torch_ir(const std::string& path) {
+  if (std::filesystem::is_directory(path)) fail(path + ": is a directory, not an IR file");
   std::ifstream file(path, std::ios::binary | std::ios::ate);
   if (!file) fail(path + ": cannot open file");
   const std::streamoff size = file.tellg();

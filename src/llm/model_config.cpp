@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -108,6 +109,7 @@ class FieldReader {
 };
 
 std::string read_text_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) fail(path + ": is a directory, not a config.json");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path + ": cannot open: " + std::strerror(errno));
   std::ostringstream text;
@@ -291,7 +293,7 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   Json root;
   try {
     root = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     fail(source + ": not valid JSON: " + e.what());
   }
   if (!root.is_object()) fail(source + ": a model configuration must be a JSON object");

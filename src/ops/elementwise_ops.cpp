@@ -106,10 +106,8 @@ AttrSpec alpha_attr() { return {"alpha", AttrType::Scalar, AttrValue{int64_t{1}}
 
 // Float alpha is applied in fp32, as PyTorch's opmath does for float tensors.
 double float_alpha(const Attrs& attrs) { return static_cast<float>(attrs.get_float("alpha")); }
-// Only used when the operands are integers, where the ShapeFn has checked that alpha is integral.
-int64_t int_alpha(const Attrs& attrs) {
-  return attrs.is_integer("alpha") ? attrs.get_int("alpha") : static_cast<int64_t>(attrs.get_float("alpha"));
-}
+// Only used for integer operands, where the ShapeFn has checked that alpha is integral.
+int64_t int_alpha(const Attrs& attrs) { return attrs.is_integer("alpha") ? attrs.get_int("alpha") : 0; }
 
 [[noreturn]] double reject_float_operands(double, double) { fail("bitwise ops need bool or integer operands"); }
 

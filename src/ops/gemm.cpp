@@ -6,8 +6,8 @@ namespace npusim::ops {
 
 namespace {
 
-// GCC vector extensions: the same source compiles to SSE in the baseline build and to AVX2+FMA in the
-// target-attributed clones below, chosen at run time.
+// GCC vector extensions: the same source compiles for the baseline ISA (SSE2 on x86-64) and, in the
+// target-attributed clones below, for AVX2+FMA, chosen at run time.
 using Vec4 = float __attribute__((vector_size(16)));
 using Vec8 = float __attribute__((vector_size(32)));
 
@@ -89,11 +89,11 @@ template <typename V>
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
-void micro_kernel_sse(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta) {
+void micro_kernel_baseline(int64_t kc, const float* a, const float* b, float* c, int64_t ldc, float alpha, float beta) {
   micro_kernel_body<Vec4>(kc, a, b, c, ldc, alpha, beta);
 }
-float dot_sse(const float* x, const float* y, int64_t n) { return dot_body<Vec4>(x, y, n); }
-void axpy_sse(int64_t n, float a, const float* x, float* y) { axpy_body<Vec4>(n, a, x, y); }
+float dot_baseline(const float* x, const float* y, int64_t n) { return dot_body<Vec4>(x, y, n); }
+void axpy_baseline(int64_t n, float a, const float* x, float* y) { axpy_body<Vec4>(n, a, x, y); }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define NPUSIM_HAVE_AVX2_CLONES 1
@@ -119,10 +119,11 @@ struct Kernels {
 const Kernels& kernels() {
   static const Kernels selected = [] {
 #ifdef NPUSIM_HAVE_AVX2_CLONES
+    __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
       return Kernels{kNv * 8, micro_kernel_avx2, dot_avx2, axpy_avx2};
 #endif
-    return Kernels{kNv * 4, micro_kernel_sse, dot_sse, axpy_sse};
+    return Kernels{kNv * 4, micro_kernel_baseline, dot_baseline, axpy_baseline};
   }();
   return selected;
 }
@@ -243,14 +244,14 @@ inline void finish(float* c, float sum, float alpha, float beta) {
 // Few rows or few columns: no packing. Rows of A are dotted with contiguous rows of B (transposing B first when it
 // is [k, n]), split over whichever of m and n is larger.
 void gemm_by_dots(const GemmArgs& g, const Kernels& kern, int threads) {
-  std::vector<float> b_rows;
+  std::vector<float> b_columns;
   const float* b = g.b;
   int64_t ldb = g.ldb;
   if (!g.b_transposed) {
-    b_rows.resize(static_cast<size_t>(g.n * g.k));
+    b_columns.resize(static_cast<size_t>(g.n * g.k));
     for (int64_t p = 0; p < g.k; ++p)
-      for (int64_t j = 0; j < g.n; ++j) b_rows[static_cast<size_t>(j * g.k + p)] = g.b[p * g.ldb + j];
-    b = b_rows.data();
+      for (int64_t j = 0; j < g.n; ++j) b_columns[static_cast<size_t>(j * g.k + p)] = g.b[p * g.ldb + j];
+    b = b_columns.data();
     ldb = g.k;
   }
   auto rows = [&](int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
@@ -315,7 +316,7 @@ std::vector<int64_t> batch_offsets(const std::vector<int64_t>& operand_shape, co
 }
 
 int gemm_threads_for(int64_t work, int max_threads) {
-  constexpr int64_t kWorkPerThread = int64_t{1} << 19;
+  constexpr int64_t kWorkPerThread = int64_t{1} << 20;
   const int64_t limit = max_threads > 0 ? std::min(max_threads, hardware_threads()) : hardware_threads();
   return static_cast<int>(std::clamp<int64_t>(work / kWorkPerThread, 1, limit));
 }

@@ -50,8 +50,9 @@ void expect_vector(const TensorMeta& meta, int64_t size, const std::string& what
 }
 
 // ====================================================================================================================
-// Convolution: im2col per group, then one GEMM [Cout/groups, Cin/groups*kh*kw] x [Cin/groups*kh*kw, oh*ow].
-// A 1-D convolution runs as a 2-D one of height 1.
+// Convolution: per sample and group one GEMM [Cout/groups, Cin/groups*kh*kw] x [Cin/groups*kh*kw, oh*ow] whose
+// right operand (im2col) is produced row by row while the GEMM packs it. A 1-D convolution runs as a 2-D one of
+// height 1.
 
 struct ConvGeometry {
   bool batched = true;
@@ -170,13 +171,13 @@ void patch_row(const float* input, const ConvGeometry& g, int64_t p, int64_t col
     if (iy < 0 || iy >= height) {
       std::fill(out, out + n, 0.0f);
     } else {
-      const float* src = plane + iy * width + x_shift;
+      const float* src = plane + iy * width;
       const int64_t valid_begin = std::clamp(ox_begin, ox, ox + n), valid_end = std::clamp(ox_end, valid_begin, ox + n);
       std::fill(out, out + (valid_begin - ox), 0.0f);
       if (g.stride[1] == 1) {
-        std::copy(src + valid_begin, src + valid_end, out + (valid_begin - ox));
+        std::copy(src + valid_begin + x_shift, src + valid_end + x_shift, out + (valid_begin - ox));
       } else {
-        for (int64_t x = valid_begin; x < valid_end; ++x) out[x - ox] = src[x * g.stride[1]];
+        for (int64_t x = valid_begin; x < valid_end; ++x) out[x - ox] = src[x * g.stride[1] + x_shift];
       }
       std::fill(out + (valid_end - ox), out + n, 0.0f);
     }
@@ -323,7 +324,7 @@ std::vector<Tensor> reference_batch_norm(const Attrs& attrs, std::span<const Ten
   const float* var = inputs[count - 1].data<float>();
   const double eps = attrs.get_float("eps", 1e-5);
   const int64_t channels = x.dim(1);
-  const int64_t inner = channels == 0 ? 0 : x.numel() / (x.dim(0) * channels);
+  const int64_t inner = shape_numel(Shape(x.shape().begin() + 2, x.shape().end()));
   Tensor out = make_output(outputs[0]);
   const float* src = x.data<float>();
   float* dst = out.mutable_data<float>();
@@ -522,7 +523,7 @@ const std::vector<AttrSpec> kBatchNormAttrs = {
 };
 
 // ====================================================================================================================
-// Pooling over the last two dims of [N, C, H, W] or [C, H, W] (1-D: the last dim, as height 1).
+// Pooling over the last two dims of [N, C, H, W] or [C, H, W]; adaptive 1-D pooling runs as height 1.
 
 struct PoolGeometry {
   int64_t planes = 0;

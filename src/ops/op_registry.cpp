@@ -17,6 +17,7 @@ const OpRegistry& OpRegistry::instance() {
     register_index_ops(r);
     register_creation_ops(r);
     register_misc_ops(r);
+    register_fused_ops(r);
     return r;
   }();
   return registry;

@@ -46,6 +46,7 @@ DType promote_types(DType a, DType b) {
   if (a == b) return a;
   if ((a == DType::BFloat16 && b == DType::Float16) || (a == DType::Float16 && b == DType::BFloat16))
     return DType::Float32;
+  if ((a == DType::UInt8 && b == DType::Int8) || (a == DType::Int8 && b == DType::UInt8)) return DType::Int16;
   return promotion_rank(a) >= promotion_rank(b) ? a : b;
 }
 

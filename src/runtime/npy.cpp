@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
@@ -94,8 +95,10 @@ class HeaderParser {
 
  private:
   [[noreturn]] void error(const std::string& problem) const {
+    // The header ends in padding and a newline; the message stays on one line.
+    const size_t end = text_.find_last_not_of(" \n");
     fail(path_ + ": malformed npy header (" + problem + " at offset " + std::to_string(pos_) +
-         "): " + std::string(text_));
+         "): " + std::string(text_.substr(0, end == std::string_view::npos ? 0 : end + 1)));
   }
 
   char peek() {
@@ -165,6 +168,7 @@ class HeaderParser {
 };
 
 std::vector<char> read_whole_file(const std::string& path) {
+  if (std::filesystem::is_directory(path)) fail(path + ": is a directory, not an npy file");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path + ": cannot open: " + std::strerror(errno));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

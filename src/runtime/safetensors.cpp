@@ -249,7 +249,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(header_begin, header_begin + header_bytes);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     fail(path + ": header is not valid JSON: " + e.what());
   }
   if (!header.is_object()) fail(path + ": header must be a JSON object, got " + std::string(header.type_name()));

@@ -1,6 +1,9 @@
 #include "runtime/weight_store.h"
 
+#include "runtime/weight_transforms.h"
+
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <string_view>
 
@@ -98,6 +101,46 @@ std::optional<WeightStore::Found> WeightStore::find_in_files(const std::vector<s
   return std::nullopt;
 }
 
+std::optional<WeightStore::Found> WeightStore::resolve(const Graph& graph, const Value& value,
+                                                       std::vector<std::string>& notes) const {
+  for (const std::string* name : {&value.weight_key, &value.name}) {
+    auto constant = graph.constants.find(*name);
+    if (constant != graph.constants.end())
+      return Found{constant->second, "the IR constants of " + (graph.source.empty() ? "the graph" : graph.source),
+                   *name};
+  }
+  std::vector<std::string> candidates{value.weight_key};
+  append_unique(candidates, {value.name});
+  append_unique(candidates, with_prefixes_stripped(value.weight_key));
+  if (auto found = find_in_files(candidates)) return found;
+
+  if (ends_with_component(value.weight_key, "lm_head.weight")) {
+    const std::string prefix = value.weight_key.substr(0, value.weight_key.size() - std::strlen("lm_head.weight"));
+    std::vector<std::string> embeddings;
+    for (const char* embedding : kEmbeddingNames) append_unique(embeddings, with_prefixes_stripped(prefix + embedding));
+    if (auto found = find_in_files(embeddings)) {
+      notes.push_back(describe(value) + " is not in the weight files; tied to the embedding '" + found->name + "' (" +
+                      found->origin + ")");
+      return found;
+    }
+  }
+  if (is_rotary_buffer(value) && config_) {
+    const std::vector<float> inv_freq = config_->rope_inv_freq();
+    Tensor tensor(DType::Float32, {static_cast<int64_t>(inv_freq.size())});
+    std::copy(inv_freq.begin(), inv_freq.end(), tensor.mutable_data<float>());
+    notes.push_back(describe(value) + " computed from the model configuration " + config_->source + " (RoPE type '" +
+                    config_->rope_scaling.type + "')");
+    return Found{tensor, "the model configuration " + config_->source, value.weight_key};
+  }
+  if (is_lifted_constant(value)) {
+    if (shape_numel(value.meta.shape) != 0)
+      notes.push_back(describe(value) +
+                      " is a lifted constant with no data in the IR or the weight files; filled with zeros");
+    return Found{Tensor(value.meta.dtype, value.meta.shape), "a lifted constant", value.name};
+  }
+  return std::nullopt;
+}
+
 WeightBinding WeightStore::bind(const Graph& graph) const {
   const std::string source = graph.source.empty() ? "graph" : graph.source;
   WeightBinding binding;
@@ -106,48 +149,7 @@ WeightBinding WeightStore::bind(const Graph& graph) const {
   for (ValueId id : graph.weights) {
     const Value& value = graph.value(id);
     if (!used.count(id) || value.transform) continue;
-    std::optional<Found> found;
-
-    for (const std::string* name : {&value.weight_key, &value.name}) {
-      auto constant = graph.constants.find(*name);
-      if (constant != graph.constants.end()) {
-        found = Found{constant->second, "the IR constants of " + source, *name};
-        break;
-      }
-    }
-    if (!found) {
-      std::vector<std::string> candidates{value.weight_key};
-      append_unique(candidates, {value.name});
-      append_unique(candidates, with_prefixes_stripped(value.weight_key));
-      found = find_in_files(candidates);
-    }
-    if (!found && ends_with_component(value.weight_key, "lm_head.weight")) {
-      const std::string prefix =
-          value.weight_key.substr(0, value.weight_key.size() - std::string("lm_head.weight").size());
-      std::vector<std::string> candidates;
-      for (const char* embedding : kEmbeddingNames)
-        append_unique(candidates, with_prefixes_stripped(prefix + embedding));
-      found = find_in_files(candidates);
-      if (found)
-        binding.notes.push_back(describe(value) + " is not in the weight files; tied to the embedding '" + found->name +
-                                "' (" + found->origin + ")");
-    }
-    if (!found && is_rotary_buffer(value) && config_) {
-      const std::vector<float> inv_freq = config_->rope_inv_freq();
-      Tensor tensor(DType::Float32, {static_cast<int64_t>(inv_freq.size())});
-      std::copy(inv_freq.begin(), inv_freq.end(), tensor.mutable_data<float>());
-      found = Found{tensor, "the model configuration " + config_->source, value.weight_key};
-      binding.notes.push_back(describe(value) + " computed from the model configuration " + config_->source +
-                              " (RoPE type '" + config_->rope_scaling.type + "')");
-    }
-    if (!found && is_lifted_constant(value)) {
-      found = Found{Tensor(value.meta.dtype, value.meta.shape), "a lifted constant", value.name};
-      if (shape_numel(value.meta.shape) != 0)
-        binding.notes.push_back(describe(value) +
-                                " is a lifted constant with no data in the IR or the weight files; "
-                                "filled with zeros");
-    }
-
+    std::optional<Found> found = resolve(graph, value, binding.notes);
     if (!found) {
       std::string line =
           describe(value) + " " + shape_string(value.meta.shape) + " " + std::string(dtype_name(value.meta.dtype));
@@ -170,6 +172,7 @@ WeightBinding WeightStore::bind(const Graph& graph) const {
     for (const std::string& line : missing) message += "\n  " + line;
     fail(message);
   }
+  add_derived_weights(graph, binding.tensors);
   return binding;
 }
 

@@ -40,6 +40,8 @@ class WeightStore {
     std::string name;    // the name it was found under
   };
   std::optional<Found> find_in_files(const std::vector<std::string>& candidates) const;
+  // One weight through the resolution order; substitutions add a note.
+  std::optional<Found> resolve(const Graph& graph, const Value& value, std::vector<std::string>& notes) const;
 
   std::vector<SafetensorsFile> files_;
   std::optional<ModelConfig> config_;

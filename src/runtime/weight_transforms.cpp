@@ -1,6 +1,9 @@
 #include "runtime/weight_transforms.h"
 
 #include <cmath>
+#include <functional>
+#include <map>
+#include <set>
 
 namespace npusim {
 
@@ -51,6 +54,30 @@ Tensor apply_weight_transform(const WeightTransform& transform, std::span<const 
     return out;
   }
   fail(name + ": unknown weight transform '" + transform.kind + "'");
+}
+
+void add_derived_weights(const Graph& graph, std::vector<std::pair<ValueId, Tensor>>& tensors) {
+  std::map<ValueId, Tensor> known(tensors.begin(), tensors.end());
+  std::set<ValueId> read;
+  for (const Node& node : graph.nodes) read.insert(node.inputs.begin(), node.inputs.end());
+  read.insert(graph.outputs.begin(), graph.outputs.end());
+  std::function<const Tensor&(ValueId)> compute = [&](ValueId id) -> const Tensor& {
+    if (auto it = known.find(id); it != known.end()) return it->second;
+    const Value& value = graph.value(id);
+    if (!value.transform) fail("weight '" + value.weight_key + "' has no value");
+    std::vector<Tensor> sources;
+    for (int32_t source : value.transform->sources) sources.push_back(source < 0 ? Tensor() : compute(source));
+    Tensor result = apply_weight_transform(*value.transform, sources, value.name);
+    if (result.shape() != value.meta.shape)
+      fail("weight transform '" + value.transform->kind + "' for '" + value.name + "' gave shape " +
+           shape_string(result.shape()) + ", expected " + shape_string(value.meta.shape));
+    return known.emplace(id, std::move(result)).first->second;
+  };
+  for (ValueId id : graph.weights) {
+    const Value& value = graph.value(id);
+    if (!value.transform || !read.count(id)) continue;
+    tensors.emplace_back(id, compute(id));
+  }
 }
 
 }  // namespace npusim

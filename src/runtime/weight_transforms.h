@@ -1,5 +1,7 @@
 #pragma once
 #include <span>
+#include <utility>
+#include <vector>
 
 #include "npusim/graph.h"
 #include "npusim/tensor.h"
@@ -12,5 +14,9 @@ namespace npusim {
 // Results are fp32.
 Tensor apply_weight_transform(const WeightTransform& transform, std::span<const Tensor> sources,
                               const std::string& name);
+
+// Appends every derived weight a node reads, computed from the bound tensors (transform sources may themselves
+// be derived; they are computed first).
+void add_derived_weights(const Graph& graph, std::vector<std::pair<ValueId, Tensor>>& tensors);
 
 }  // namespace npusim

@@ -109,8 +109,18 @@ void check_gemm(const GemmCase& c, float alpha, float beta, int max_threads) {
   for (size_t i = 0; i < b.size(); ++i) b[i] = std::cos(0.53f * static_cast<float>(i));
   for (size_t i = 0; i < out.size(); ++i) out[i] = 0.25f * static_cast<float>(i % 11);
   const std::vector<float> before = out;
-  ops::gemm_f32({.m = c.m, .n = c.n, .k = c.k, .a = a.data(), .lda = lda, .b = b.data(), .ldb = ldb,
-                 .b_transposed = c.transposed, .c = out.data(), .ldc = ldc, .alpha = alpha, .beta = beta,
+  ops::gemm_f32({.m = c.m,
+                 .n = c.n,
+                 .k = c.k,
+                 .a = a.data(),
+                 .lda = lda,
+                 .b = b.data(),
+                 .ldb = ldb,
+                 .b_transposed = c.transposed,
+                 .c = out.data(),
+                 .ldc = ldc,
+                 .alpha = alpha,
+                 .beta = beta,
                  .max_threads = max_threads});
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
@@ -194,7 +204,8 @@ TEST(Gemm, BatchOffsetsBroadcastAndGroup) {
 // ---- matmul ----
 
 TEST(Matmul, TwoByTwo) {
-  const Tensor out = run1("aten.mm.default", make_attrs(), {floats({2, 2}, {1, 2, 3, 4}), floats({2, 2}, {5, 6, 7, 8})});
+  const Tensor out =
+      run1("aten.mm.default", make_attrs(), {floats({2, 2}, {1, 2, 3, 4}), floats({2, 2}, {5, 6, 7, 8})});
   expect_values(out, {19, 22, 43, 50});
 }
 
@@ -259,8 +270,8 @@ TEST(Matmul, BmmAndIntegers) {
   }
   expect_values(out, expected);
 
-  const Tensor integer = run1("aten.matmul.default", make_attrs(),
-                              {ints({2, 2}, {1, 2, 3, 4}), ints({2, 2}, {5, 6, 7, 8})});
+  const Tensor integer =
+      run1("aten.matmul.default", make_attrs(), {ints({2, 2}, {1, 2, 3, 4}), ints({2, 2}, {5, 6, 7, 8})});
   EXPECT_EQ(integer.dtype(), DType::Int64);
   EXPECT_EQ(std::vector<int64_t>(integer.data<int64_t>(), integer.data<int64_t>() + 4),
             (std::vector<int64_t>{19, 22, 43, 50}));
@@ -322,7 +333,8 @@ TEST(Linear, LeadingDimsAndVectorInput) {
 }
 
 TEST(Linear, EmptyFeaturesGiveBias) {
-  const Tensor out = run1("aten.linear.default", make_attrs(), {pattern({2, 0}), pattern({3, 0}), floats({3}, {1, 2, 3})});
+  const Tensor out =
+      run1("aten.linear.default", make_attrs(), {pattern({2, 0}), pattern({3, 0}), floats({3}, {1, 2, 3})});
   ASSERT_EQ(out.shape(), (Shape{2, 3}));
   expect_values(out, {1, 2, 3, 1, 2, 3});
   const Tensor no_bias = run1("aten.linear.default", make_attrs(), {pattern({2, 0}), pattern({3, 0})});

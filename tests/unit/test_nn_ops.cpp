@@ -145,15 +145,16 @@ std::vector<float> naive_conv2d(const Tensor& x, const Tensor& w, const float* b
 }
 
 TEST(Conv2d, OnesKernelNoPadding) {
-  const Tensor out = run1("aten.conv2d.default", make_attrs(), {iota({1, 1, 4, 4}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))});
+  const Tensor out = run1("aten.conv2d.default", make_attrs(),
+                          {iota({1, 1, 4, 4}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))});
   ASSERT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
   expect_values(out, {45, 54, 81, 90});
 }
 
 TEST(Conv2d, PaddingAndStride) {
   const Tensor ones = floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f));
-  const Tensor out = run1("aten.conv2d.default",
-                          make_attrs({{"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}), {iota({1, 1, 4, 4}), ones});
+  const Tensor out = run1("aten.conv2d.default", make_attrs({{"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}),
+                          {iota({1, 1, 4, 4}), ones});
   ASSERT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
   expect_values(out, {10, 24, 51, 90});
   // A single int applies to both dims; padding 1 keeps the size.
@@ -175,17 +176,18 @@ TEST(Conv2d, DepthwiseWithBias) {
   const Tensor bias = floats({2}, {0.5, 1});
   expect_values(run1("aten.conv2d.default", make_attrs({{"groups", int64_t{2}}}), {x, w, bias}),
                 {2.5, 4.5, 6.5, 8.5, -4, -5, -6, -7});
-  expect_values(run1("aten.conv2d.default", make_attrs({{"groups", int64_t{2}}}), {x, w}), {2, 4, 6, 8, -5, -6, -7, -8});
+  expect_values(run1("aten.conv2d.default", make_attrs({{"groups", int64_t{2}}}), {x, w}),
+                {2, 4, 6, 8, -5, -6, -7, -8});
 }
 
 TEST(Conv2d, GroupedStridedDilatedMatchesDirectConvolution) {
   const Tensor x = pattern({2, 6, 9, 11});
   const Tensor w = pattern({4, 3, 3, 2}, 1.0f);
   const Tensor bias = floats({4}, {0.1f, -0.2f, 0.3f, -0.4f});
-  const Tensor out = run1("aten.conv2d.default",
-                          make_attrs({{"stride", Ints{2, 1}}, {"padding", Ints{1, 2}}, {"dilation", Ints{1, 2}},
-                                      {"groups", int64_t{2}}}),
-                          {x, w, bias});
+  const Tensor out = run1(
+      "aten.conv2d.default",
+      make_attrs({{"stride", Ints{2, 1}}, {"padding", Ints{1, 2}}, {"dilation", Ints{1, 2}}, {"groups", int64_t{2}}}),
+      {x, w, bias});
   ASSERT_EQ(out.shape(), (Shape{2, 4, 5, 13}));
   expect_values(out, naive_conv2d(x, w, bias.data<float>(), {2, 1}, {1, 2}, {1, 2}, 2), 1e-4f);
 }
@@ -204,8 +206,8 @@ TEST(Conv2d, LargerChannelsMatchDirectConvolution) {
 }
 
 TEST(Conv2d, UnbatchedInput) {
-  const Tensor out = run1("aten.conv2d.default", make_attrs(),
-                          {iota({1, 4, 4}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))});
+  const Tensor out =
+      run1("aten.conv2d.default", make_attrs(), {iota({1, 4, 4}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))});
   ASSERT_EQ(out.shape(), (Shape{1, 2, 2}));
   expect_values(out, {45, 54, 81, 90});
 }
@@ -224,9 +226,9 @@ TEST(Conv2d, StringPadding) {
   EXPECT_THROW(infer("aten.conv1d.padding", make_attrs({{"padding", std::string("same")}, {"stride", Ints{2}}}),
                      {f32({1, 1, 4}), f32({1, 1, 2})}),
                Error);
-  EXPECT_THROW(infer("aten.conv1d.padding", make_attrs({{"padding", std::string("full")}}),
-                     {f32({1, 1, 4}), f32({1, 1, 2})}),
-               Error);
+  EXPECT_THROW(
+      infer("aten.conv1d.padding", make_attrs({{"padding", std::string("full")}}), {f32({1, 1, 4}), f32({1, 1, 2})}),
+      Error);
 }
 
 TEST(Conv1d, StrideAndUnbatched) {
@@ -239,14 +241,29 @@ TEST(Conv1d, StrideAndUnbatched) {
 
 TEST(Convolution, GenericOpDispatchesOnWeightRank) {
   const Tensor ones = floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f));
-  const Attrs attrs = make_attrs({{"stride", Ints{1, 1}}, {"padding", Ints{0, 0}}, {"dilation", Ints{1, 1}},
-                                  {"transposed", false}, {"output_padding", Ints{0, 0}}, {"groups", int64_t{1}}});
+  const Attrs attrs = make_attrs({{"stride", Ints{1, 1}},
+                                  {"padding", Ints{0, 0}},
+                                  {"dilation", Ints{1, 1}},
+                                  {"transposed", false},
+                                  {"output_padding", Ints{0, 0}},
+                                  {"groups", int64_t{1}}});
   expect_values(run1("aten.convolution.default", attrs, {iota({1, 1, 4, 4}), ones}), {45, 54, 81, 90});
-  const Tensor out1d = run1("aten.convolution.default", make_attrs(),
-                            {floats({1, 1, 4}, {1, 2, 3, 4}), floats({1, 1, 2}, {1, 10})});
+  const Tensor out1d =
+      run1("aten.convolution.default", make_attrs(), {floats({1, 1, 4}, {1, 2, 3, 4}), floats({1, 1, 2}, {1, 10})});
   expect_values(out1d, {21, 32, 43});
-  EXPECT_THROW(infer("aten.convolution.default", make_attrs({{"transposed", true}}), {f32({1, 1, 4, 4}), f32({1, 1, 3, 3})}),
-               Error);
+  EXPECT_THROW(
+      infer("aten.convolution.default", make_attrs({{"transposed", true}}), {f32({1, 1, 4, 4}), f32({1, 1, 3, 3})}),
+      Error);
+}
+
+TEST(Conv2d, EmptyBatchAndChannels) {
+  const Tensor no_batch = run1("aten.conv2d.default", make_attrs(), {pattern({0, 2, 4, 4}), pattern({3, 2, 3, 3})});
+  EXPECT_EQ(no_batch.shape(), (Shape{0, 3, 2, 2}));
+  // No input channels: every output is the bias.
+  const Tensor no_channels = run1("aten.conv2d.default", make_attrs({{"padding", Ints{1, 1}}}),
+                                  {pattern({1, 0, 2, 2}), pattern({2, 0, 3, 3}), floats({2}, {1.5f, -2.0f})});
+  ASSERT_EQ(no_channels.shape(), (Shape{1, 2, 2, 2}));
+  expect_values(no_channels, {1.5f, 1.5f, 1.5f, 1.5f, -2, -2, -2, -2});
 }
 
 TEST(Conv2d, RejectsBadAttributesAndShapes) {
@@ -261,15 +278,15 @@ TEST(Conv2d, RejectsBadAttributesAndShapes) {
   EXPECT_THROW(conv(make_attrs({{"padding", Ints{-1, 0}}}), {x, w}), Error);
   EXPECT_THROW(conv(make_attrs({{"dilation", Ints{0, 1}}}), {x, w}), Error);
   EXPECT_THROW(conv(make_attrs({{"stride", Ints{1, 1, 1}}}), {x, w}), Error);
-  EXPECT_THROW(conv(make_attrs(), {x, f32({6, 4, 7, 3})}), Error);                       // kernel taller than input
-  EXPECT_NO_THROW(conv(make_attrs({{"padding", Ints{1, 0}}}), {x, f32({6, 4, 7, 3})}));  // fits once padded
-  EXPECT_THROW(conv(make_attrs({{"dilation", Ints{3, 1}}}), {x, w}), Error);             // dilated extent 7 > 5
-  EXPECT_THROW(conv(make_attrs(), {x, f32({6, 3, 3, 3})}), Error);                       // channel mismatch
+  EXPECT_THROW(conv(make_attrs(), {x, f32({6, 4, 7, 3})}), Error);                          // kernel taller than input
+  EXPECT_NO_THROW(conv(make_attrs({{"padding", Ints{1, 0}}}), {x, f32({6, 4, 7, 3})}));     // fits once padded
+  EXPECT_THROW(conv(make_attrs({{"dilation", Ints{3, 1}}}), {x, w}), Error);                // dilated extent 7 > 5
+  EXPECT_THROW(conv(make_attrs(), {x, f32({6, 3, 3, 3})}), Error);                          // channel mismatch
   EXPECT_THROW(conv(make_attrs({{"groups", int64_t{3}}}), {x, f32({6, 1, 3, 3})}), Error);  // 4 % 3
   EXPECT_THROW(conv(make_attrs({{"groups", int64_t{4}}}), {x, f32({6, 1, 3, 3})}), Error);  // 6 outputs % 4
   EXPECT_THROW(conv(make_attrs({{"groups", int64_t{0}}}), {x, w}), Error);
-  EXPECT_THROW(conv(make_attrs(), {x, w, f32({5})}), Error);  // bias size
-  EXPECT_THROW(conv(make_attrs(), {f32({4, 5}), w}), Error);  // input rank
+  EXPECT_THROW(conv(make_attrs(), {x, w, f32({5})}), Error);     // bias size
+  EXPECT_THROW(conv(make_attrs(), {f32({4, 5}), w}), Error);     // input rank
   EXPECT_THROW(conv(make_attrs(), {x, f32({6, 4, 3})}), Error);  // weight rank
   EXPECT_THROW(conv(make_attrs(), {{{1, 4, 5, 5}, DType::Int64}, w}), Error);
 }
@@ -286,7 +303,8 @@ TEST(BatchNorm, InferenceWithRunningStats) {
   std::vector<float> expected;
   for (int64_t i = 0; i < 8; ++i) {
     const int64_t c = (i / 2) % 2;
-    expected.push_back(static_cast<float>((x.data<float>()[i] - mean[c]) / std::sqrt(var[c] + eps) * weight[c] + bias[c]));
+    expected.push_back(
+        static_cast<float>((x.data<float>()[i] - mean[c]) / std::sqrt(var[c] + eps) * weight[c] + bias[c]));
   }
   expect_values(out, expected);
 }
@@ -304,9 +322,9 @@ TEST(BatchNorm, OptionalAffineAndDefaults) {
 }
 
 TEST(BatchNorm, NativeNoTrainingHasEmptyStats) {
-  const auto outputs = run("aten._native_batch_norm_legit_no_training.default", make_attrs({{"eps", 0.0}}),
-                           {floats({1, 1, 2}, {2, 4}), floats({1}, {2}), floats({1}, {1}), floats({1}, {3}),
-                            floats({1}, {4})});
+  const auto outputs =
+      run("aten._native_batch_norm_legit_no_training.default", make_attrs({{"eps", 0.0}}),
+          {floats({1, 1, 2}, {2, 4}), floats({1}, {2}), floats({1}, {1}), floats({1}, {3}), floats({1}, {4})});
   ASSERT_EQ(outputs.size(), 3u);
   expect_values(outputs[0], {0, 2});  // (x - 3) / 2 * 2 + 1
   EXPECT_EQ(outputs[1].shape(), Shape{0});
@@ -325,16 +343,19 @@ TEST(LayerNorm, LastDimWithAffine) {
   const double eps = 1e-5;
   // Row 1: mean 2, variance 2/3. Row 2: mean 5, variance 26/3.
   const double r1 = 1.0 / std::sqrt(2.0 / 3.0 + eps), r2 = 1.0 / std::sqrt(26.0 / 3.0 + eps);
-  const std::vector<float> plain = {static_cast<float>(-r1), 0, static_cast<float>(r1), static_cast<float>(-3 * r2),
+  const std::vector<float> plain = {static_cast<float>(-r1), 0,
+                                    static_cast<float>(r1),  static_cast<float>(-3 * r2),
                                     static_cast<float>(-r2), static_cast<float>(4 * r2)};
   expect_values(run1("aten.layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {x}), plain);
   const Tensor weight = floats({3}, {1, 2, 3}), bias = floats({3}, {0, 1, -1});
   std::vector<float> affine;
   for (size_t i = 0; i < plain.size(); ++i)
     affine.push_back(plain[i] * weight.data<float>()[i % 3] + bias.data<float>()[i % 3]);
-  expect_values(run1("aten.layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {x, weight, bias}), affine);
+  expect_values(run1("aten.layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {x, weight, bias}),
+                affine);
 
-  const auto native = run("aten.native_layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {x, weight, bias});
+  const auto native =
+      run("aten.native_layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {x, weight, bias});
   expect_values(native[0], affine);
   EXPECT_EQ(native[1].shape(), (Shape{2, 1}));
   expect_values(native[1], {2, 5});
@@ -357,14 +378,14 @@ TEST(GroupNorm, StatisticsPerGroup) {
   const double eps = 1e-5;
   const double r1 = 1.0 / std::sqrt(1.25 + eps), r2 = 1.0 / std::sqrt(25.0 + eps);  // means 2.5 and 15
   const Tensor weight = floats({4}, {1, 2, 3, 4}), bias = floats({4}, {0, 0, 1, 1});
-  const auto outputs = run("aten.native_group_norm.default",
-                           make_attrs({{"N", int64_t{1}}, {"C", int64_t{4}}, {"HxW", int64_t{2}}, {"group", int64_t{2}},
-                                       {"eps", eps}}),
-                           {x, weight, bias});
-  const std::vector<float> expected = {
-      static_cast<float>(-1.5 * r1),         static_cast<float>(-0.5 * r1),        static_cast<float>(2 * 0.5 * r1),
-      static_cast<float>(2 * 1.5 * r1),      static_cast<float>(3 * -5 * r2 + 1), static_cast<float>(3 * -5 * r2 + 1),
-      static_cast<float>(4 * 5 * r2 + 1),    static_cast<float>(4 * 5 * r2 + 1)};
+  const auto outputs =
+      run("aten.native_group_norm.default",
+          make_attrs({{"N", int64_t{1}}, {"C", int64_t{4}}, {"HxW", int64_t{2}}, {"group", int64_t{2}}, {"eps", eps}}),
+          {x, weight, bias});
+  const std::vector<float> expected = {static_cast<float>(-1.5 * r1),       static_cast<float>(-0.5 * r1),
+                                       static_cast<float>(2 * 0.5 * r1),    static_cast<float>(2 * 1.5 * r1),
+                                       static_cast<float>(3 * -5 * r2 + 1), static_cast<float>(3 * -5 * r2 + 1),
+                                       static_cast<float>(4 * 5 * r2 + 1),  static_cast<float>(4 * 5 * r2 + 1)};
   expect_values(outputs[0], expected);
   EXPECT_EQ(outputs[1].shape(), (Shape{1, 2}));
   expect_values(outputs[1], {2.5, 15});
@@ -380,8 +401,9 @@ TEST(RmsNorm, DefaultEpsilonAndWeight) {
   const Tensor x = floats({2, 2}, {3, 4, 1, -1});  // mean squares 12.5 and 1
   const double eps = std::numeric_limits<float>::epsilon();
   const double r1 = 1.0 / std::sqrt(12.5 + eps), r2 = 1.0 / std::sqrt(1.0 + eps);
-  expect_values(run1("aten.rms_norm.default", make_attrs({{"normalized_shape", Ints{2}}}), {x}),
-                {static_cast<float>(3 * r1), static_cast<float>(4 * r1), static_cast<float>(r2), static_cast<float>(-r2)});
+  expect_values(
+      run1("aten.rms_norm.default", make_attrs({{"normalized_shape", Ints{2}}}), {x}),
+      {static_cast<float>(3 * r1), static_cast<float>(4 * r1), static_cast<float>(r2), static_cast<float>(-r2)});
   const Tensor weight = floats({2}, {2, 0.5});
   expect_values(run1("aten.rms_norm.default", make_attrs({{"normalized_shape", Ints{2}}, {"eps", 0.5}}), {x, weight}),
                 {static_cast<float>(6 / std::sqrt(13.0)), static_cast<float>(2 / std::sqrt(13.0)),
@@ -401,16 +423,17 @@ TEST(MaxPool2d, PaddingIsNeverTheMaximum) {
   // All values negative: padding must act as -inf, not 0.
   Tensor x = iota({1, 1, 4, 4});
   for (int64_t i = 0; i < 16; ++i) x.mutable_data<float>()[i] -= 100.0f;
-  const Tensor out = run1("aten.max_pool2d.default",
-                          make_attrs({{"kernel_size", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}), {x});
+  const Tensor out =
+      run1("aten.max_pool2d.default",
+           make_attrs({{"kernel_size", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}), {x});
   ASSERT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
   expect_values(out, {-95, -93, -87, -85});
 }
 
 TEST(MaxPool2d, CeilModeWithIndices) {
-  const auto outputs = run("aten.max_pool2d_with_indices.default",
-                           make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2}}, {"ceil_mode", true}}),
-                           {iota({1, 5, 5})});
+  const auto outputs =
+      run("aten.max_pool2d_with_indices.default",
+          make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2}}, {"ceil_mode", true}}), {iota({1, 5, 5})});
   ASSERT_EQ(outputs[0].shape(), (Shape{1, 3, 3}));
   expect_values(outputs[0], {6, 8, 9, 16, 18, 19, 21, 23, 24});
   EXPECT_EQ(outputs[1].dtype(), DType::Int64);
@@ -422,16 +445,17 @@ TEST(MaxPool2d, CeilModeWithIndices) {
 
 TEST(MaxPool2d, CeilModeDropsWindowStartingInPadding) {
   // in 4, kernel 2, stride 2, pad 1: ceil gives 3 windows starting at -1, 1, 3; all start inside input + pad.
-  const Tensor out = run1("aten.max_pool2d.default",
-                          make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2}}, {"padding", Ints{1}}, {"ceil_mode", true}}),
-                          {iota({1, 1, 1, 4})});
+  const Tensor out =
+      run1("aten.max_pool2d.default",
+           make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2}}, {"padding", Ints{1}}, {"ceil_mode", true}}),
+           {iota({1, 1, 1, 4})});
   ASSERT_EQ(out.shape(), (Shape{1, 1, 1, 3}));
   expect_values(out, {0, 2, 3});
   // in 5, kernel 2, stride 2, pad 1: a 4th window would start at 5, inside the right padding, so ceil gives 3.
-  const auto metas = infer("aten.max_pool2d.default",
-                           make_attrs({{"kernel_size", Ints{1, 2}}, {"stride", Ints{1, 2}}, {"padding", Ints{0, 1}},
-                                       {"ceil_mode", true}}),
-                           {f32({1, 1, 1, 5})});
+  const auto metas = infer(
+      "aten.max_pool2d.default",
+      make_attrs({{"kernel_size", Ints{1, 2}}, {"stride", Ints{1, 2}}, {"padding", Ints{0, 1}}, {"ceil_mode", true}}),
+      {f32({1, 1, 1, 5})});
   EXPECT_EQ(metas[0].shape, (Shape{1, 1, 1, 3}));
 }
 
@@ -461,7 +485,8 @@ TEST(MaxPool2d, RejectsBadAttributes) {
 
 TEST(AvgPool2d, PaddingDivisorsAndCeilMode) {
   const Tensor x = iota({1, 1, 4, 4});
-  expect_values(run1("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{2, 2}}}), {x}), {2.5, 4.5, 10.5, 12.5});
+  expect_values(run1("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{2, 2}}}), {x}),
+                {2.5, 4.5, 10.5, 12.5});
   const Attrs padded = make_attrs({{"kernel_size", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}});
   // Windows: rows/cols {-1..1} and {1..3}; sums 10, 24, 51, 90 over 4, 6, 6, 9 real elements.
   expect_values(run1("aten.avg_pool2d.default", padded, {x}), {10.0f / 9, 24.0f / 9, 51.0f / 9, 90.0f / 9});
@@ -472,12 +497,12 @@ TEST(AvgPool2d, PaddingDivisorsAndCeilMode) {
   divisor.set("divisor_override", int64_t{2});
   expect_values(run1("aten.avg_pool2d.default", divisor, {x}), {5, 12, 25.5, 45});
   // ceil_mode: the last window of a 5-wide input covers one column; its divisor counts that column only.
-  const Tensor ceil = run1("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{2}}, {"ceil_mode", true}}),
-                           {iota({1, 5, 5})});
+  const Tensor ceil =
+      run1("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{2}}, {"ceil_mode", true}}), {iota({1, 5, 5})});
   ASSERT_EQ(ceil.shape(), (Shape{1, 3, 3}));
   expect_values(ceil, {3, 5, 6.5, 13, 15, 16.5, 20.5, 22.5, 24});
-  EXPECT_THROW(infer("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{2}}, {"divisor_override", int64_t{0}}}),
-                     {f32({1, 1, 4, 4})}),
+  EXPECT_THROW(infer("aten.avg_pool2d.default",
+                     make_attrs({{"kernel_size", Ints{2}}, {"divisor_override", int64_t{0}}}), {f32({1, 1, 4, 4})}),
                Error);
   EXPECT_THROW(infer("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{3}}, {"padding", Ints{2}}}),
                      {f32({1, 1, 4, 4})}),
@@ -487,15 +512,18 @@ TEST(AvgPool2d, PaddingDivisorsAndCeilMode) {
 TEST(AdaptiveAvgPool, OverlappingWindows) {
   const Tensor x = iota({1, 1, 5, 5});
   // Windows [0, 3) and [2, 5) in both dims.
-  expect_values(run1("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{2, 2}}}), {x}), {6, 8, 16, 18});
+  expect_values(run1("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{2, 2}}}), {x}),
+                {6, 8, 16, 18});
   const Tensor global = run1("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{1, 1}}}), {x});
   ASSERT_EQ(global.shape(), (Shape{1, 1, 1, 1}));
   expect_values(global, {12});
-  const Tensor larger = run1("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{3}}}), {iota({1, 2, 2})});
+  const Tensor larger =
+      run1("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{3}}}), {iota({1, 2, 2})});
   ASSERT_EQ(larger.shape(), (Shape{1, 3, 3}));
   expect_values(larger, {0, 0.5, 1, 1, 1.5, 2, 2, 2.5, 3});
   // 1-D: windows [0, 2), [1, 4), [3, 5).
-  const Tensor one_d = run1("aten.adaptive_avg_pool1d.default", make_attrs({{"output_size", Ints{3}}}), {iota({1, 2, 5})});
+  const Tensor one_d =
+      run1("aten.adaptive_avg_pool1d.default", make_attrs({{"output_size", Ints{3}}}), {iota({1, 2, 5})});
   ASSERT_EQ(one_d.shape(), (Shape{1, 2, 3}));
   expect_values(one_d, {0.5, 2, 3.5, 5.5, 7, 8.5});
   EXPECT_THROW(infer("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{2, 2}}}), {f32({5, 5})}),
@@ -512,7 +540,8 @@ TEST(Embedding, GathersRowsForAnyIndexShape) {
   const Tensor out = run1("aten.embedding.default", make_attrs(), {weight, ints({2, 2}, {0, 3, 2, 2})});
   ASSERT_EQ(out.shape(), (Shape{2, 2, 2}));
   expect_values(out, {0, 1, 30, 31, 20, 21, 20, 21});
-  const Tensor scalar = run1("aten.embedding.default", make_attrs({{"padding_idx", int64_t{1}}}), {weight, ints({}, {1})});
+  const Tensor scalar =
+      run1("aten.embedding.default", make_attrs({{"padding_idx", int64_t{1}}}), {weight, ints({}, {1})});
   ASSERT_EQ(scalar.shape(), Shape{2});
   expect_values(scalar, {10, 11});
   Tensor int32_indices(DType::Int32, {1});
@@ -585,6 +614,13 @@ TEST(Attention, PlainAndScaled) {
                 naive_attention(c));
 }
 
+TEST(Attention, MatricesWithoutBatchDims) {
+  AttentionCase c{pattern({3, 4}), pattern({5, 4}, 1.0f), pattern({5, 2}, 2.0f)};
+  const Tensor out = run1("aten.scaled_dot_product_attention.default", make_attrs(), {c.q, c.k, c.v});
+  ASSERT_EQ(out.shape(), (Shape{3, 2}));
+  expect_values(out, naive_attention(c));
+}
+
 TEST(Attention, CausalAlignsToTheTopLeft) {
   AttentionCase square{pattern({2, 4, 8}), pattern({2, 4, 8}, 1.0f), pattern({2, 4, 8}, 2.0f)};
   square.causal = true;
@@ -594,8 +630,8 @@ TEST(Attention, CausalAlignsToTheTopLeft) {
   // L=3, S=5: row i attends to keys 0..i, like torch.ones(L, S).tril().
   AttentionCase wide{pattern({1, 3, 4}), pattern({1, 5, 4}, 1.0f), pattern({1, 5, 2}, 2.0f)};
   wide.causal = true;
-  const Tensor out = run1("aten.scaled_dot_product_attention.default", make_attrs({{"is_causal", true}}),
-                          {wide.q, wide.k, wide.v});
+  const Tensor out =
+      run1("aten.scaled_dot_product_attention.default", make_attrs({{"is_causal", true}}), {wide.q, wide.k, wide.v});
   expect_values(out, naive_attention(wide));
   // The first query sees only the first key: its output is v[0].
   EXPECT_NEAR(out.data<float>()[0], wide.v.data<float>()[0], 1e-6);
@@ -608,7 +644,8 @@ TEST(Attention, BoolAndFloatMasksBroadcast) {
   const std::vector<uint8_t> keep = {1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0};
   for (int64_t bh = 0; bh < 4; ++bh)
     for (uint8_t k : keep) c.additive_mask.push_back(k ? 0.0f : -kInf);
-  const Tensor out = run1("aten.scaled_dot_product_attention.default", make_attrs(), {c.q, c.k, c.v, bools({3, 5}, keep)});
+  const Tensor out =
+      run1("aten.scaled_dot_product_attention.default", make_attrs(), {c.q, c.k, c.v, bools({3, 5}, keep)});
   expect_values(out, naive_attention(c));
   const std::vector<float> values = values_of(out);
   for (int64_t e = 0; e < 3; ++e) EXPECT_EQ(values[static_cast<size_t>(2 * 3 + e)], 0.0f);

@@ -50,6 +50,7 @@ void fold_batchnorm(Graph& graph, PassContext& context) {
     if (!is_plain_weight(graph, bias)) continue;
 
     const double eps = bn.attrs.get_float("eps", 1e-5);
+    const int32_t producer = x.producer;  // `x` dangles once add_derived_weight grows graph.values
     const Value weight = graph.value(layer.inputs[1]);
     Attrs params;
     params.set("eps", eps);
@@ -60,12 +61,12 @@ void fold_batchnorm(Graph& graph, PassContext& context) {
     const ValueId folded_bias = add_derived_weight(
         graph, unique_value_name(graph, weight.name + ".bn_folded_bias"), TensorMeta{{channels}, DType::Float32},
         WeightTransform{"bn_fold_bias", {bias, p.gamma, p.beta, p.mean, p.var}, params});
-    Node& target = graph.nodes[static_cast<size_t>(x.producer)];  // add_* may not move nodes, but stay explicit
+    Node& target = graph.nodes[static_cast<size_t>(producer)];  // add_* may not move nodes, but stay explicit
     target.inputs.resize(3);
     target.inputs[1] = folded_weight;
     target.inputs[2] = folded_bias;
     target.outputs[0] = bn.outputs[0];
-    graph.value(bn.outputs[0]).producer = x.producer;
+    graph.value(bn.outputs[0]).producer = producer;
     remove[n] = true;
     ++folded;
   }

@@ -1,0 +1,356 @@
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+
+#include "backends/cpu/kernels.h"
+#include "npusim/op_registry.h"
+#include "runtime/weight_transforms.h"
+
+namespace npusim::cpu {
+
+namespace {
+
+using compiler::Placement;
+
+DType storage_dtype(Elem elem) {
+  switch (elem) {
+    case Elem::F32: return DType::Float32;
+    case Elem::F16: return DType::Float16;
+    case Elem::BF16: return DType::BFloat16;
+    case Elem::I64: return DType::Int64;
+    case Elem::Bool: return DType::Bool;
+  }
+  return DType::Float32;
+}
+
+// A weight in its storage form; a tensor already stored that way is shared, not copied.
+Tensor to_storage_tensor(const Tensor& tensor, Elem elem) {
+  const DType target = storage_dtype(elem);
+  if (tensor.dtype() == target) return tensor;
+  Tensor out(target, tensor.shape());
+  tensor_to_storage(tensor, out.mutable_bytes(), elem);
+  return out;
+}
+
+std::string node_label(const Node& node) { return node.name + " (" + node.op + ")"; }
+
+bool ranges_overlap(const Buffer& a, const Buffer& b) {
+  if (a.bytes() == 0 || b.bytes() == 0) return false;
+  return a.data < b.data + b.bytes() && b.data < a.data + a.bytes();
+}
+
+// The reference implementation on copies converted to the reference domain, results converted back.
+Kernel fallback_kernel(const KernelContext& ctx) {
+  struct State {
+    const Node* node;
+    std::vector<Buffer> inputs, outputs;
+    std::vector<TensorMeta> output_metas;
+  };
+  auto state = std::make_shared<State>(State{&ctx.node, ctx.inputs, ctx.outputs, {}});
+  for (const Buffer& out : ctx.outputs) state->output_metas.push_back(out.meta);
+  Kernel kernel;
+  kernel.run = [state] {
+    std::vector<Tensor> inputs;
+    inputs.reserve(state->inputs.size());
+    for (const Buffer& in : state->inputs) inputs.push_back(storage_to_tensor(in.data, in.elem, in.meta.shape));
+    const std::vector<Tensor> results = state->node->def->reference(state->node->attrs, inputs, state->output_metas);
+    if (results.size() != state->outputs.size())
+      fail("the reference produced " + std::to_string(results.size()) + " outputs, expected " +
+           std::to_string(state->outputs.size()));
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Buffer& out = state->outputs[i];
+      if (results[i].shape() != out.meta.shape)
+        fail("the reference output " + std::to_string(i) + " has shape " + shape_string(results[i].shape()) +
+             ", expected " + shape_string(out.meta.shape));
+      tensor_to_storage(results[i], out.data, out.elem);
+    }
+  };
+  share_all_inputs(kernel, ctx);  // every input is copied before any output is written
+  return kernel;
+}
+
+struct PreparedKernel {
+  const Node* node;
+  Kernel kernel;
+  bool fallback = false;
+};
+
+class CpuPreparedProgram final : public PreparedProgram {
+ public:
+  CpuPreparedProgram(const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights,
+                     const CpuOptions& options)
+      : graph_(program.graph),
+        plan_(program.plan),
+        floats_(float_storage(program.compute_dtype)),
+        pool_(options.threads),
+        poison_(options.poison_memory) {
+    check_supported(graph_);
+    if (plan_.values.size() != graph_.values.size())
+      fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) + " values, the graph has " +
+           std::to_string(graph_.values.size()));
+    bind_weights(weights);
+    place_values();
+    build_kernels();
+    scratch_.allocate(pool_.size());
+    for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
+  }
+
+  NamedTensors run(const std::map<std::string, Tensor>& inputs) override {
+    const std::vector<Tensor> ordered = check_inputs(graph_, inputs);
+    if (poison_) poison();
+    for (size_t i = 0; i < ordered.size(); ++i) {
+      const Buffer in = buffer(graph_.inputs[i]);
+      tensor_to_storage(ordered[i], in.data, in.elem);
+    }
+    size_t current = 0;
+    try {
+      for (; current < kernels_.size(); ++current) {
+        if (!profiling_) {
+          kernels_[current].kernel.run();
+          continue;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        kernels_[current].kernel.run();
+        timings_[current].milliseconds =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      }
+    } catch (const Error& error) {
+      const Node& node = *kernels_[current].node;
+      fail(graph_.source + ": node '" + node.name + "' (" + node.source_op + "): " + error.what());
+    }
+    NamedTensors outputs;
+    for (ValueId id : graph_.outputs) {
+      const Buffer out = buffer(id);
+      outputs.emplace_back(graph_.value(id).name, storage_to_tensor(out.data, out.elem, out.meta.shape));
+    }
+    return outputs;
+  }
+
+  void poison() {
+    for (const AlignedBuffer* buffer : {static_cast<const AlignedBuffer*>(&arena_), &scratch_.buffer()}) std::memset(buffer->data(), 0xff, buffer->size());
+    for (const AlignedBuffer& buffer : owned_) std::memset(buffer.data(), 0xff, buffer.size());
+  }
+
+  int64_t planned_bytes() const override { return plan_.arena_bytes + plan_.persistent_bytes; }
+  int64_t allocated_bytes() const override {
+    return static_cast<int64_t>(arena_.size() + owned_bytes_ + scratch_.allocated_bytes());
+  }
+  void set_profiling(bool on) override { profiling_ = on; }
+  std::vector<KernelTiming> last_timings() const override { return timings_; }
+  std::vector<std::string> fallback_nodes() const override {
+    std::vector<std::string> nodes;
+    for (const PreparedKernel& k : kernels_)
+      if (k.fallback) nodes.push_back(node_label(*k.node));
+    return nodes;
+  }
+
+ private:
+  // ---- weights ----
+
+  void bind_weights(const std::vector<std::pair<ValueId, Tensor>>& binding) {
+    std::vector<Tensor> given(graph_.values.size());
+    for (const auto& [id, tensor] : binding) {
+      if (id < 0 || static_cast<size_t>(id) >= graph_.values.size() || graph_.value(id).kind != ValueKind::Weight)
+        fail(graph_.source + ": weight binding names value " + std::to_string(id) + ", which is not a weight");
+      const Value& value = graph_.value(id);
+      if (tensor.shape() != value.meta.shape)
+        fail(graph_.source + ": weight '" + value.weight_key + "' has shape " + shape_string(tensor.shape()) +
+             ", the graph expects " + shape_string(value.meta.shape));
+      given[static_cast<size_t>(id)] = tensor;
+    }
+    std::function<const Tensor&(ValueId, const std::string&)> value_of = [&](ValueId id,
+                                                                            const std::string& user) -> const Tensor& {
+      Tensor& slot = given[static_cast<size_t>(id)];
+      if (slot.defined()) return slot;
+      const Value& value = graph_.value(id);
+      for (const std::string* key : {&value.weight_key, &value.name})
+        if (auto it = graph_.constants.find(*key); it != graph_.constants.end()) return slot = it->second;
+      if (!value.transform)
+        fail(graph_.source + ": weight '" + (value.weight_key.empty() ? value.name : value.weight_key) +
+             "' (used by " + user + ") has no value");
+      std::vector<Tensor> sources;
+      for (int32_t source : value.transform->sources)
+        sources.push_back(source < 0 ? Tensor() : value_of(source, "the derived weight '" + value.name + "'"));
+      slot = apply_weight_transform(*value.transform, sources, value.name);
+      if (slot.shape() != value.meta.shape)
+        fail(graph_.source + ": weight transform '" + value.transform->kind + "' for '" + value.name +
+             "' gave shape " + shape_string(slot.shape()) + ", expected " + shape_string(value.meta.shape));
+      return slot;
+    };
+    weights_.assign(graph_.values.size(), Tensor());
+    auto bind = [&](ValueId id, const std::string& user) {
+      const Value& value = graph_.value(id);
+      if (value.kind != ValueKind::Weight || weights_[static_cast<size_t>(id)].defined()) return;
+      weights_[static_cast<size_t>(id)] = to_storage_tensor(value_of(id, user), storage_elem(value.meta.dtype, floats_));
+    };
+    for (const Node& node : graph_.nodes)
+      for (ValueId id : node.inputs) bind(id, "node '" + node.name + "'");
+    for (ValueId id : graph_.outputs) bind(id, "the graph outputs");
+  }
+
+  // ---- buffers ----
+
+  Elem elem_of(ValueId id) const { return storage_elem(graph_.value(id).meta.dtype, floats_); }
+
+  size_t storage_bytes(ValueId id) const {
+    return static_cast<size_t>(shape_numel(graph_.value(id).meta.shape)) * elem_size(elem_of(id));
+  }
+
+  std::byte* own_buffer(size_t bytes) {
+    if (getenv("NPUSIM_DEBUG_OWN")) fprintf(stderr, "own %zu\n", bytes);
+    owned_.emplace_back(bytes);
+    owned_bytes_ += owned_.back().size();
+    return owned_.back().data();
+  }
+
+  void place_values() {
+    arena_ = AlignedBuffer(static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 0)));
+    addresses_.assign(graph_.values.size(), nullptr);
+    view_of_.assign(graph_.values.size(), kNoValue);
+    for (size_t i = 0; i < graph_.values.size(); ++i) {
+      const auto id = static_cast<ValueId>(i);
+      const Value& value = graph_.value(id);
+      const compiler::BufferAssignment& assignment = plan_.values[i];
+      const size_t bytes = storage_bytes(id);
+      if (value.kind == ValueKind::Weight) {
+        if (weights_[i].defined()) addresses_[i] = const_cast<std::byte*>(weights_[i].bytes());
+        continue;
+      }
+      switch (assignment.placement) {
+        case Placement::Arena:
+          // A slot smaller than the value as stored here (integers are int64 here) gets its own buffer instead.
+          if (assignment.offset >= 0 && static_cast<int64_t>(bytes) <= assignment.bytes &&
+              assignment.offset + assignment.bytes <= plan_.arena_bytes)
+            addresses_[i] = arena_.data() + assignment.offset;
+          else {
+            if (getenv("NPUSIM_DEBUG_OWN")) fprintf(stderr, "arena misfit %s %lld %lld\n", value.name.c_str(), (long long)bytes, (long long)assignment.bytes);
+            addresses_[i] = own_buffer(bytes);
+          }
+          break;
+        case Placement::View:
+          if (valid_view(id, assignment.alias_of)) {
+            view_of_[i] = assignment.alias_of;
+            break;
+          }
+          addresses_[i] = own_buffer(bytes);
+          break;
+        case Placement::Persistent:
+        case Placement::None:
+          addresses_[i] = own_buffer(std::max(bytes, static_cast<size_t>(std::max<int64_t>(assignment.bytes, 0))));
+          break;
+      }
+    }
+  }
+
+  bool valid_view(ValueId id, ValueId root) const {
+    if (root < 0 || static_cast<size_t>(root) >= graph_.values.size() || root == id) return false;
+    return storage_bytes(root) == storage_bytes(id) && elem_of(root) == elem_of(id);
+  }
+
+  ValueId root_of(ValueId id) const {
+    for (size_t steps = 0; view_of_[static_cast<size_t>(id)] != kNoValue; ++steps) {
+      if (steps > graph_.values.size())
+        fail(graph_.source + ": the memory plan's views of '" + graph_.value(id).name + "' form a cycle");
+      id = view_of_[static_cast<size_t>(id)];
+    }
+    return id;
+  }
+
+  Buffer buffer(ValueId id) const {
+    const Value& value = graph_.value(id);
+    return Buffer{addresses_[static_cast<size_t>(root_of(id))], elem_of(id), value.meta};
+  }
+
+  // ---- kernels ----
+
+  KernelContext context_for(const Node& node) {
+    KernelContext ctx{node, {}, {}, floats_, pool_, scratch_};
+    for (ValueId id : node.inputs) ctx.inputs.push_back(buffer(id));
+    for (ValueId id : node.outputs) ctx.outputs.push_back(buffer(id));
+    return ctx;
+  }
+
+  PreparedKernel make_kernel(const KernelContext& ctx) {
+    if (const KernelFactory* factory = kernel_table().find(ctx.node.op)) {
+      if (std::optional<Kernel> kernel = (*factory)(ctx)) return {&ctx.node, std::move(*kernel), false};
+    }
+    return {&ctx.node, fallback_kernel(ctx), true};
+  }
+
+  // Outputs whose memory the kernel cannot share as planned: overlapping another output, overlapping an input
+  // other than element by element, or lying in a weight that the kernel would overwrite.
+  std::vector<size_t> conflicting_outputs(const KernelContext& ctx, const Kernel& kernel) const {
+    std::vector<size_t> conflicts;
+    for (size_t o = 0; o < ctx.outputs.size(); ++o) {
+      const Buffer& out = ctx.outputs[o];
+      bool conflict = !kernel.writes_nothing &&
+                      graph_.value(root_of(ctx.node.outputs[o])).kind == ValueKind::Weight && out.bytes() > 0;
+      for (size_t p = 0; p < ctx.outputs.size() && !conflict; ++p)
+        conflict = p != o && ranges_overlap(out, ctx.outputs[p]);
+      for (size_t i = 0; i < ctx.inputs.size() && !conflict; ++i) {
+        const Buffer& in = ctx.inputs[i];
+        if (!ranges_overlap(out, in)) continue;
+        const bool same = out.data == in.data && out.bytes() == in.bytes() && out.elem == in.elem;
+        const bool shareable = std::find(kernel.shareable_inputs.begin(), kernel.shareable_inputs.end(), i) !=
+                               kernel.shareable_inputs.end();
+        conflict = !(same && (shareable || kernel.writes_nothing));
+      }
+      if (conflict) conflicts.push_back(o);
+    }
+    return conflicts;
+  }
+
+  void build_kernels() {
+    for (const Node& node : graph_.nodes) {
+      PreparedKernel prepared = make_kernel(context_for(node));
+      const std::vector<size_t> conflicts = conflicting_outputs(context_for(node), prepared.kernel);
+      if (!conflicts.empty()) {
+        for (size_t o : conflicts) {
+          const ValueId id = node.outputs[o];
+          view_of_[static_cast<size_t>(id)] = kNoValue;
+          if (getenv("NPUSIM_DEBUG_OWN")) fprintf(stderr, "conflict %s %s\n", node.name.c_str(), node.op.c_str());
+          addresses_[static_cast<size_t>(id)] = own_buffer(storage_bytes(id));
+        }
+        prepared = make_kernel(context_for(node));
+      }
+      kernels_.push_back(std::move(prepared));
+    }
+  }
+
+  Graph graph_;
+  compiler::MemoryPlan plan_;
+  Elem floats_;
+  ThreadPool pool_;
+  ScratchSpace scratch_;
+  AlignedBuffer arena_;
+  std::vector<AlignedBuffer> owned_;  // persistent buffers, outputs nobody reads, values moved out of the arena
+  size_t owned_bytes_ = 0;
+  std::vector<Tensor> weights_;         // by ValueId, in storage form
+  std::vector<std::byte*> addresses_;   // by ValueId; unused for views
+  std::vector<ValueId> view_of_;        // by ValueId: the value a view aliases, or kNoValue
+  std::vector<PreparedKernel> kernels_;
+  std::vector<KernelTiming> timings_;
+  bool profiling_ = false;
+  bool poison_ = false;
+};
+
+}  // namespace
+
+BackendCapabilities CpuBackend::capabilities() const {
+  BackendCapabilities caps;
+  caps.name = "cpu";
+  caps.compute_dtypes = {DType::Float32, DType::Float16, DType::BFloat16};
+  caps.ops = kernel_table().ops();
+  caps.reference_fallback = true;
+  return caps;
+}
+
+std::unique_ptr<PreparedProgram> CpuBackend::prepare(const Program& program,
+                                                     const std::vector<std::pair<ValueId, Tensor>>& weights) {
+  return std::make_unique<CpuPreparedProgram>(program, weights, options_);
+}
+
+}  // namespace npusim::cpu

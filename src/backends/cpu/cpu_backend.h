@@ -1,0 +1,30 @@
+#pragma once
+// The CPU backend: every node gets a kernel chosen and parameterized at prepare time; nodes without one run the
+// registry's reference implementation on converted copies (the fallback), and the prepared program says which.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace npusim::cpu {
+
+struct CpuOptions {
+  int threads = 0;  // counting the calling thread; 0: one per hardware thread
+  // Fill all activation memory with 0xff bytes (NaN for floats, -1 for integers, 255 for bools) before every run,
+  // so that an element a kernel forgets to write, or a value read before it is written, shows in the outputs.
+  bool poison_memory = false;
+};
+
+class CpuBackend : public Backend {
+ public:
+  explicit CpuBackend(CpuOptions options = {}) : options_(options) {}
+  BackendCapabilities capabilities() const override;
+  std::unique_ptr<PreparedProgram> prepare(const Program& program,
+                                           const std::vector<std::pair<ValueId, Tensor>>& weights) override;
+
+ private:
+  CpuOptions options_;
+};
+
+}  // namespace npusim::cpu

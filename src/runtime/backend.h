@@ -1,0 +1,60 @@
+#pragma once
+// The one small interface every backend implements. Everything expensive (kernel selection, parameter packing,
+// allocation, weight conversion and upload) happens in `prepare`; `run` binds inputs, executes, and returns
+// outputs without allocating on the hot path beyond the returned tensors.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "npusim/graph.h"
+#include "npusim/tensor.h"
+#include "program/program.h"
+#include "runtime/reference_executor.h"
+
+namespace npusim {
+
+struct BackendCapabilities {
+  std::string name;
+  std::vector<DType> compute_dtypes;  // storage dtypes of floating activations it accepts
+  std::vector<std::string> ops;       // canonical op names with a kernel
+  bool reference_fallback = false;    // other registry ops still run, on the registry's reference implementation
+
+  bool has_kernel(const std::string& op) const;
+  // Whether the backend can run the op at all: a kernel, or the fallback for an op the registry knows.
+  bool supports(const std::string& op) const;
+};
+
+// Per-kernel timing, filled when profiling is on.
+struct KernelTiming {
+  std::string node;
+  std::string op;
+  double milliseconds = 0.0;
+};
+
+class PreparedProgram {
+ public:
+  virtual ~PreparedProgram() = default;
+  // Inputs by graph input name; outputs in graph output order, named, converted to fp32 for floats.
+  virtual NamedTensors run(const std::map<std::string, Tensor>& inputs) = 0;
+  virtual int64_t planned_bytes() const = 0;    // arena + persistent buffers from the memory plan
+  virtual int64_t allocated_bytes() const = 0;  // what prepare actually allocated
+  virtual void set_profiling(bool on) = 0;
+  virtual std::vector<KernelTiming> last_timings() const = 0;
+  // Nodes that run the registry's reference implementation instead of a kernel, as "name (op)".
+  virtual std::vector<std::string> fallback_nodes() const { return {}; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendCapabilities capabilities() const = 0;
+  // `weights` is the binding for program.graph (see WeightStore::bind), in any stored dtype.
+  virtual std::unique_ptr<PreparedProgram> prepare(const Program& program,
+                                                   const std::vector<std::pair<ValueId, Tensor>>& weights) = 0;
+};
+
+// "cpu" (the default). Fails naming the backend when it is unknown or not built in.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+}  // namespace npusim

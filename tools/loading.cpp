@@ -1,0 +1,108 @@
+#include "loading.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "llm/model_config.h"
+#include "runtime/npy.h"
+#include "runtime/random_fill.h"
+#include "runtime/safetensors.h"
+#include "runtime/weight_store.h"
+#include "runtime/weight_transforms.h"
+
+namespace npusim::cli {
+
+const std::vector<OptionSpec> kWeightOptions = {
+    {"weights", true, "a .safetensors file with the model's weights (repeatable)"},
+    {"config", true, "Hugging Face config.json (rotary inv_freq when the weights lack it)"},
+    {"random-weights", true, "SEED: seeded random weights instead of --weights"},
+};
+
+const std::vector<OptionSpec> kInputOptions = {
+    {"inputs", true, "a .safetensors file with tensors named as the graph inputs (repeatable)"},
+    {"input", true, "NAME=FILE.npy: one graph input from a .npy file (repeatable)"},
+    {"random-inputs", true, "SEED: seeded random values for inputs not given otherwise"},
+};
+
+const std::vector<OptionSpec> kCompileOptions = {
+    {"target", true, "built-in target name (cpu) or a target JSON file (default cpu)"},
+    {"dtype", true, "storage dtype of activations and weights: float32 (default), float16, bfloat16"},
+    {"disable", true, "PASS: switch a compiler pass off (repeatable; 'fusions' for all fusions)"},
+    {"no-fallback", false, "fail instead of falling back for ops the target lacks"},
+};
+
+std::vector<OptionSpec> join(std::initializer_list<std::vector<OptionSpec>> lists) {
+  std::vector<OptionSpec> all;
+  for (const auto& list : lists) all.insert(all.end(), list.begin(), list.end());
+  return all;
+}
+
+std::vector<std::pair<ValueId, Tensor>> load_weights(const Graph& graph, const Args& args) {
+  if (args.value("random-weights")) {
+    if (!args.values("weights").empty()) fail("npusim: give either --weights or --random-weights, not both");
+    const auto seed = static_cast<uint64_t>(args.integer("random-weights", 0, 0, INT64_MAX));
+    std::vector<std::pair<ValueId, Tensor>> weights;
+    for (ValueId id : graph.weights) {
+      const Value& value = graph.value(id);
+      if (value.transform) continue;
+      if (graph.constants.count(value.weight_key)) weights.emplace_back(id, graph.constants.at(value.weight_key));
+      else weights.emplace_back(id, random_weight(value, seed));
+    }
+    add_derived_weights(graph, weights);
+    return weights;
+  }
+  WeightStore store;
+  for (const std::string& path : args.values("weights")) store.add_file(path);
+  if (auto config = args.value("config")) store.set_config(ModelConfig::load(*config));
+  WeightBinding binding = store.bind(graph);
+  for (const std::string& note : binding.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
+  return std::move(binding.tensors);
+}
+
+std::map<std::string, Tensor> load_inputs(const Graph& graph, const Args& args) {
+  std::map<std::string, Tensor> inputs;
+  auto is_graph_input = [&](const std::string& name) {
+    return std::any_of(graph.inputs.begin(), graph.inputs.end(),
+                       [&](ValueId id) { return graph.value(id).name == name; });
+  };
+  for (const std::string& path : args.values("inputs")) {
+    const SafetensorsFile file = SafetensorsFile::open(path);
+    for (const std::string& name : file.names()) {
+      if (!is_graph_input(name)) fail(path + ": tensor '" + name + "' is not an input of " + graph.source);
+      inputs[name] = file.get(name);
+    }
+  }
+  for (const std::string& spec : args.values("input")) {
+    const auto eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+      fail("npusim: --input needs NAME=FILE.npy, got '" + spec + "'");
+    inputs[spec.substr(0, eq)] = read_npy(spec.substr(eq + 1));
+  }
+  if (args.value("random-inputs")) {
+    const auto seed = static_cast<uint64_t>(args.integer("random-inputs", 0, 0, INT64_MAX));
+    for (ValueId id : graph.inputs)
+      if (!inputs.count(graph.value(id).name)) inputs[graph.value(id).name] = random_input(graph.value(id), seed);
+  }
+  return inputs;
+}
+
+compiler::CompileOptions compile_options(const Args& args) {
+  compiler::CompileOptions options;
+  if (auto target = args.value("target")) options.target = *target;
+  if (auto dtype = args.value("dtype")) {
+    auto parsed = parse_dtype(*dtype);
+    if (!parsed || !is_floating(*parsed) || *parsed == DType::Float64)
+      fail("npusim: --dtype must be float32, float16 or bfloat16, got '" + *dtype + "'");
+    options.compute_dtype = *parsed;
+  }
+  for (const std::string& name : args.values("disable")) options.disabled_passes.insert(name);
+  options.allow_fallback = !args.flag("no-fallback");
+  return options;
+}
+
+bool is_program_file(const std::string& path) {
+  return path.size() >= 7 && path.compare(path.size() - 7, 7, ".npubin") == 0;
+}
+
+}  // namespace npusim::cli
