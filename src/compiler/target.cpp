@@ -1,5 +1,6 @@
 #include "compiler/target.h"
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -28,12 +29,17 @@ Target parse_target(const std::string& json_text, const std::string& source) {
   if (!root.is_object()) fail(source + ": a target must be a JSON object");
   Target target;
   auto field = [&](const char* key) -> const nlohmann::json* { return root.contains(key) ? &root[key] : nullptr; };
+  // get<int64_t>() of a float like 1e300 would be an undefined conversion: integers only.
+  auto integer = [&](const nlohmann::json& value, const char* key) -> int64_t {
+    if (!value.is_number_integer()) fail(source + ": '" + key + "' must be an integer, got " + value.dump());
+    return value.get<int64_t>();
+  };
   try {
     if (auto* v = field("name")) target.name = v->get<std::string>();
     if (auto* v = field("backend")) target.backend = v->get<std::string>();
-    if (auto* v = field("alignment")) target.alignment = v->get<int64_t>();
-    if (auto* v = field("max_rank")) target.max_rank = v->get<int>();
-    if (auto* v = field("memory_bytes")) target.memory_bytes = v->get<int64_t>();
+    if (auto* v = field("alignment")) target.alignment = integer(*v, "alignment");
+    if (auto* v = field("max_rank")) target.max_rank = static_cast<int>(std::clamp<int64_t>(integer(*v, "max_rank"), 0, 64));
+    if (auto* v = field("memory_bytes")) target.memory_bytes = integer(*v, "memory_bytes");
     if (auto* v = field("fallback")) target.fallback = v->get<std::string>();
     if (auto* v = field("compute_dtypes")) {
       target.compute_dtypes.clear();

@@ -16,6 +16,9 @@ namespace {
 
 using json = nlohmann::json;
 
+// Deeper nesting is refused while parsing: the walks over the tree (and dump() in messages) recurse.
+constexpr int kMaxJsonDepth = 64;
+
 std::string describe(const json& value) {
   std::string text = value.dump();
   return text.size() > 60 ? text.substr(0, 57) + "..." : text;
@@ -395,7 +398,10 @@ Graph parse_torch_ir(std::string_view text, const std::string& source_name) {
   if (text.empty()) fail(source_name + ": file is empty");
   json root;
   try {
-    root = json::parse(text.begin(), text.end());
+    root = json::parse(text.begin(), text.end(), [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) fail(source_name + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    });
   } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 1e999
     fail(source_name + ": not valid JSON (" + std::string(error.what()) + ")");
   }

@@ -18,6 +18,9 @@ namespace {
 
 using Json = nlohmann::json;
 
+// Deeper nesting is refused while parsing: the walks over the tree (and dump() in messages) recurse.
+constexpr int kMaxJsonDepth = 64;
+
 constexpr const char* kRopeTypes[] = {"default", "linear", "dynamic", "llama3", "yarn"};
 
 // Typed access to config fields; every error names the file and the field.
@@ -292,7 +295,10 @@ ModelConfig ModelConfig::load(const std::string& path) { return parse(read_text_
 ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& source) {
   Json root;
   try {
-    root = Json::parse(json_text);
+    root = Json::parse(json_text, [&](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxJsonDepth) fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    });
   } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     fail(source + ": not valid JSON: " + e.what());
   }

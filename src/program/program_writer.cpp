@@ -199,6 +199,7 @@ uint32_t crc32(const uint8_t* data, size_t size) {
 }
 
 std::vector<uint8_t> seal_npubin(const uint8_t* flatbuffer, size_t size) {
+  if (size >= FLATBUFFERS_MAX_BUFFER_SIZE) fail("a program of " + std::to_string(size) + " bytes is too large");
   std::vector<uint8_t> bytes(size + kNpubinFooterBytes);
   if (size > 0) std::memcpy(bytes.data(), flatbuffer, size);
   const auto payload_size = static_cast<uint64_t>(size);

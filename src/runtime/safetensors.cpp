@@ -67,6 +67,8 @@ class MappedFile {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Deeper nesting is refused while parsing: the walks over the tree (and dump() in messages) recurse.
+constexpr int kMaxJsonDepth = 64;
 
 struct DTypeName {
   const char* name;
@@ -248,7 +250,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const char* header_begin = reinterpret_cast<const char*>(mapping->data() + 8);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(header_begin, header_begin + header_bytes);
+    header = nlohmann::json::parse(header_begin, header_begin + header_bytes, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > kMaxJsonDepth) fail(path + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     fail(path + ": header is not valid JSON: " + e.what());
   }

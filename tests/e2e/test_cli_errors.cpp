@@ -32,7 +32,7 @@ TEST(CliErrors, UnknownCommandAndOptions) {
   expect_clean_failure("run " + kResNet + " --iters", "needs a value");
   expect_clean_failure("run " + kResNet + " --random-weights 0 --random-inputs 0 --iters zero", "needs an integer");
   expect_clean_failure("run " + kResNet + " --random-weights 0 --random-inputs 0 --iters 0", "between 1 and");
-  expect_clean_failure("run", "expected one graph file");
+  expect_clean_failure("run", "expected one graph or program file");
   expect_clean_failure("verify a.safetensors", "expected two");
 }
 

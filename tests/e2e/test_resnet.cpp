@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "e2e_util.h"
+#include "compiler/compile.h"
 #include "ir/torch_ir_reader.h"
+#include "runtime/backend.h"
 #include "runtime/compare.h"
 #include "runtime/reference_executor.h"
 #include "runtime/safetensors.h"
@@ -57,6 +59,44 @@ INSTANTIATE_TEST_SUITE_P(Models, ResNetAgainstPyTorch,
                                            ResNetCase{"resnet18", "float16"}, ResNetCase{"resnet50", "float32"},
                                            ResNetCase{"resnet50", "bfloat16"}, ResNetCase{"resnet50", "float16"}),
                          [](const auto& info) { return std::string(info.param.arch) + "_" + info.param.weight_dtype; });
+
+// The compiled program on the CPU backend, with activations and weights stored in fp32, fp16 or bf16.
+struct CompiledCase {
+  const char* arch;
+  DType storage;
+};
+
+class CompiledResNetAgainstPyTorch : public ::testing::TestWithParam<CompiledCase> {};
+
+TEST_P(CompiledResNetAgainstPyTorch, LogitsAndTop5Match) {
+  const CompiledCase c = GetParam();
+  const Graph graph = read_torch_ir(kFixtures + "/ir/" + c.arch + "_ir.json");
+  const std::string dir = make_case({c.arch, "float32"}, graph);
+  compiler::CompileOptions options;
+  options.compute_dtype = c.storage;
+  const Program program = compiler::compile_graph(graph, options);
+  WeightStore store;
+  store.add_file(dir + "/weights.safetensors");
+  auto prepared = make_backend("cpu")->prepare(program, store.bind(program.graph).tensors);
+  const SafetensorsFile inputs = SafetensorsFile::open(dir + "/inputs.safetensors");
+  const SafetensorsFile reference = SafetensorsFile::open(dir + "/reference.safetensors");
+  const NamedTensors outputs = prepared->run({{"x", inputs.get("x")}});
+  const Comparison comparison = compare_tensors(outputs[0].second, reference.get(outputs[0].first), 5);
+  const bool exact = c.storage == DType::Float32;
+  EXPECT_GT(comparison.pearson, exact ? 0.99999 : 0.999) << comparison.summary();
+  EXPECT_TRUE(comparison.all_topk_match()) << comparison.summary();
+  EXPECT_TRUE(comparison.all_argmax_match()) << comparison.summary();
+}
+
+INSTANTIATE_TEST_SUITE_P(Storage, CompiledResNetAgainstPyTorch,
+                         ::testing::Values(CompiledCase{"resnet18", DType::Float32},
+                                           CompiledCase{"resnet18", DType::BFloat16},
+                                           CompiledCase{"resnet18", DType::Float16},
+                                           CompiledCase{"resnet50", DType::Float32},
+                                           CompiledCase{"resnet50", DType::BFloat16}),
+                         [](const auto& info) {
+                           return std::string(info.param.arch) + "_" + std::string(dtype_name(info.param.storage));
+                         });
 
 // The same check through the command line: run writes the outputs, verify compares them with the reference.
 TEST(ResNetCli, RunThenVerify) {

@@ -151,6 +151,7 @@ std::vector<std::string> byte_mutations(const std::string& bytes, size_t stride 
       result.push_back(std::move(changed));
     }
     for (char value : {'\x00', '\xff'}) {
+      if (bytes[i] == value) continue;
       std::string changed = bytes;
       changed[i] = value;
       result.push_back(std::move(changed));
@@ -287,6 +288,32 @@ TEST(FuzzRegression, FoldingBatchNormKeepsNoReferenceIntoGrownValues) {
   EXPECT_EQ(program.graph.value(conv.inputs[2]).transform->kind, "bn_fold_bias");
   EXPECT_EQ(program.graph.value(conv.outputs[0]).name, "bn");
   EXPECT_EQ(program.graph.value(conv.outputs[0]).producer, 0);
+}
+
+TEST(FuzzRegression, DeeplyNestedJsonIsRefusedWhileParsing) {
+  // Lists nested a million deep overflowed the stack in the recursive walks over attributes and constants
+  // (found while writing the bad-input suite; a fuzzer input is limited to a few thousand levels).
+  const std::string deep = std::string(1'000'000, '[') + "1" + std::string(1'000'000, ']');
+  std::string attr = kRelu;
+  attr.replace(attr.find("\"attrs\": {}"), 11, "\"attrs\": {\"a\": " + deep + "}");
+  expect_ir_error(attr, "JSON nested deeper than 64 levels");
+  std::string constant = kRelu;
+  constant.insert(1, "\"constants\": {\"c\": {\"data\": " + deep + "}}, ");
+  expect_ir_error(constant, "JSON nested deeper than 64 levels");
+  const std::string path = write_file("deep.safetensors", safetensors_with("{\"w\": {\"dtype\": " + deep + "}}", 0));
+  expect_error([&] { SafetensorsFile::open(path); }, path, "JSON nested deeper than 64 levels");
+  expect_error([&] { ModelConfig::parse("{\"model_type\": " + deep + "}", "config.json"); }, "config.json",
+               "JSON nested deeper than 64 levels");
+  // The fixtures nest 6 levels deep; a rank-8 constant needs 12.
+  std::string rank8 = kRelu;
+  rank8.insert(1, R"("constants": {"c": {"data": [[[[[[[[1]]]]]]]]}}, )");
+  EXPECT_NO_THROW(parse_torch_ir(rank8, kSource));
+}
+
+TEST(FuzzRegression, TargetIntegersMustBeIntegers) {
+  // get<int64_t>() of 1e300 is an undefined conversion (UBSan float-cast-overflow).
+  const std::string path = write_file("float_target.json", R"({"name": "t", "alignment": 1e300})");
+  expect_error([&] { compiler::load_target(path); }, path, "'alignment' must be an integer");
 }
 
 // --- torch_ir JSON ---

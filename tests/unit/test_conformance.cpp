@@ -291,6 +291,7 @@ std::vector<Case> nn_cases() {
                        attrs({{"has_cache_position", B(true)}, {"scale", F(0.25)}}), "cache position"));
   cases.push_back(make("attention", {f({2, 3, 5, 4}), f({2, 3, 5, 4}), f({2, 3, 5, 6})},
                        attrs({{"is_causal", B(true)}, {"zero_masked_rows", B(true)}}), "causal"));
+  cases.push_back(make("rotary_embedding", {w({4}), ints({2, 7}, 0, 4096)}, attrs({{"attention_scaling", F(0.75)}})));
   for (const char* op : {"sum", "mean", "amax", "amin"}) {
     cases.push_back(make(op, {f({3, 7, 33})}, attrs({{"dim", L({-1})}, {"keepdim", B(true)}})));
     cases.push_back(make(op, {f({3, 7, 5})}, attrs({{"dim", L({1})}}), "middle"));

@@ -630,6 +630,16 @@ TEST(FusionCounts, ResNet18) {
     EXPECT_EQ(value_name(fused, fused.outputs[i]), value_name(graph, graph.outputs[i]));
 }
 
+TEST(FusionCounts, ResNet50) {
+  const Graph fused = after_all(read_torch_ir(kFixtures + "/ir/resnet50_ir.json"));
+  EXPECT_EQ(count(fused, "fused_conv2d"), 49u);  // 16 bottlenecks of three, and the stem
+  EXPECT_EQ(count(fused, "conv2d"), 4u);
+  EXPECT_EQ(count(fused, "relu") + count(fused, "add") + count(fused, "batch_norm"), 0u);
+  size_t residual = 0;
+  for (const Node& node : fused.nodes) residual += node.op == "fused_conv2d" && node.attrs.get_bool("has_residual");
+  EXPECT_EQ(residual, 16u);
+}
+
 void expect_qwen15_counts(const Graph& graph, const Graph& fused) {
   EXPECT_EQ(count(fused, "rms_norm"), 57u);
   EXPECT_EQ(count(fused, "silu_mul"), 28u);

@@ -248,15 +248,19 @@ TEST(WeightStore, BindsTheSourcesOfDerivedWeights) {
   const ValueId var = builder.weight("b_bn_running_var", "bn.running_var", {2}, /*used=*/false);
   builder.weight("p_bn_weight", "bn.weight", {2}, /*used=*/false);  // not a source, not in the file
   const ValueId folded = builder.weight("folded_conv_weight", "folded_conv_weight", {2, 1});
-  builder.graph.value(folded).transform = WeightTransform{"fold_bn", {conv, kNoValue, var}, {}};
+  builder.graph.value(folded).transform = WeightTransform{"bn_fold_weight", {conv, kNoValue, var}, {}};
   WeightStore store;
   store.add_file(path);
   const WeightBinding binding = store.bind(builder.graph);
-  ASSERT_EQ(binding.tensors.size(), 2u);
+  ASSERT_EQ(binding.tensors.size(), 3u);
   EXPECT_EQ(binding.tensors[0].first, conv);
   EXPECT_EQ(binding.tensors[0].second.data<float>()[1], 2.0f);
   EXPECT_EQ(binding.tensors[1].first, var);
   EXPECT_EQ(binding.tensors[1].second.data<float>()[0], 3.0f);
+  // The derived weight itself, computed at bind time: W * 1 / sqrt(var + eps).
+  EXPECT_EQ(binding.tensors[2].first, folded);
+  EXPECT_NEAR(binding.tensors[2].second.data<float>()[0], 1.0 / std::sqrt(3.0 + 1e-5), 1e-6);
+  EXPECT_NEAR(binding.tensors[2].second.data<float>()[1], 2.0 / std::sqrt(4.0 + 1e-5), 1e-6);
 }
 
 TEST(WeightStore, TiesGpt2StyleHeadAndPrefersStoredInvFreq) {

@@ -91,6 +91,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     if (plan_.values.size() != graph_.values.size())
       fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) + " values, the graph has " +
            std::to_string(graph_.values.size()));
+    choose_elems();
     bind_weights(weights);
     place_values();
     build_kernels();
@@ -184,7 +185,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     auto bind = [&](ValueId id, const std::string& user) {
       const Value& value = graph_.value(id);
       if (value.kind != ValueKind::Weight || weights_[static_cast<size_t>(id)].defined()) return;
-      weights_[static_cast<size_t>(id)] = to_storage_tensor(value_of(id, user), storage_elem(value.meta.dtype, floats_));
+      weights_[static_cast<size_t>(id)] = to_storage_tensor(value_of(id, user), elem_of(id));
     };
     for (const Node& node : graph_.nodes)
       for (ValueId id : node.inputs) bind(id, "node '" + node.name + "'");
@@ -193,14 +194,25 @@ class CpuPreparedProgram final : public PreparedProgram {
 
   // ---- buffers ----
 
-  Elem elem_of(ValueId id) const { return storage_elem(graph_.value(id).meta.dtype, floats_); }
+  Elem elem_of(ValueId id) const { return elems_[static_cast<size_t>(id)]; }
+
+  // Floats in the storage dtype, except rotary frequencies: positions multiply them, so they stay fp32.
+  void choose_elems() {
+    elems_.resize(graph_.values.size());
+    for (size_t i = 0; i < graph_.values.size(); ++i) elems_[i] = storage_elem(graph_.values[i].meta.dtype, floats_);
+    for (const Node& node : graph_.nodes) {
+      if (node.op != "rotary_embedding" || node.inputs.empty()) continue;
+      const ValueId frequencies = node.inputs[0];
+      if (graph_.value(frequencies).kind == ValueKind::Weight && is_floating(graph_.value(frequencies).meta.dtype))
+        elems_[static_cast<size_t>(frequencies)] = Elem::F32;
+    }
+  }
 
   size_t storage_bytes(ValueId id) const {
     return static_cast<size_t>(shape_numel(graph_.value(id).meta.shape)) * elem_size(elem_of(id));
   }
 
   std::byte* own_buffer(size_t bytes) {
-    if (getenv("NPUSIM_DEBUG_OWN")) fprintf(stderr, "own %zu\n", bytes);
     owned_.emplace_back(bytes);
     owned_bytes_ += owned_.back().size();
     return owned_.back().data();
@@ -210,6 +222,11 @@ class CpuPreparedProgram final : public PreparedProgram {
     arena_ = AlignedBuffer(static_cast<size_t>(std::max<int64_t>(plan_.arena_bytes, 0)));
     addresses_.assign(graph_.values.size(), nullptr);
     view_of_.assign(graph_.values.size(), kNoValue);
+    // Values left over from rewritten nodes have no producer and need no memory.
+    std::vector<bool> live(graph_.values.size(), false);
+    for (ValueId id : graph_.inputs) live[static_cast<size_t>(id)] = true;
+    for (const Node& node : graph_.nodes)
+      for (ValueId id : node.outputs) live[static_cast<size_t>(id)] = true;
     for (size_t i = 0; i < graph_.values.size(); ++i) {
       const auto id = static_cast<ValueId>(i);
       const Value& value = graph_.value(id);
@@ -219,16 +236,15 @@ class CpuPreparedProgram final : public PreparedProgram {
         if (weights_[i].defined()) addresses_[i] = const_cast<std::byte*>(weights_[i].bytes());
         continue;
       }
+      if (!live[i]) continue;
       switch (assignment.placement) {
         case Placement::Arena:
           // A slot smaller than the value as stored here (integers are int64 here) gets its own buffer instead.
           if (assignment.offset >= 0 && static_cast<int64_t>(bytes) <= assignment.bytes &&
               assignment.offset + assignment.bytes <= plan_.arena_bytes)
             addresses_[i] = arena_.data() + assignment.offset;
-          else {
-            if (getenv("NPUSIM_DEBUG_OWN")) fprintf(stderr, "arena misfit %s %lld %lld\n", value.name.c_str(), (long long)bytes, (long long)assignment.bytes);
+          else
             addresses_[i] = own_buffer(bytes);
-          }
           break;
         case Placement::View:
           if (valid_view(id, assignment.alias_of)) {
@@ -267,15 +283,20 @@ class CpuPreparedProgram final : public PreparedProgram {
   // ---- kernels ----
 
   KernelContext context_for(const Node& node) {
-    KernelContext ctx{node, {}, {}, floats_, pool_, scratch_};
+    KernelContext ctx{node, {}, {}, pool_, scratch_};
     for (ValueId id : node.inputs) ctx.inputs.push_back(buffer(id));
     for (ValueId id : node.outputs) ctx.outputs.push_back(buffer(id));
     return ctx;
   }
 
+  // The op's kernel, or the fallback when there is none for this case. A factory that rejects the node's
+  // attributes leaves the verdict to the reference, which reports it with the node's name when the node runs.
   PreparedKernel make_kernel(const KernelContext& ctx) {
     if (const KernelFactory* factory = kernel_table().find(ctx.node.op)) {
-      if (std::optional<Kernel> kernel = (*factory)(ctx)) return {&ctx.node, std::move(*kernel), false};
+      try {
+        if (std::optional<Kernel> kernel = (*factory)(ctx)) return {&ctx.node, std::move(*kernel), false};
+      } catch (const Error&) {
+      }
     }
     return {&ctx.node, fallback_kernel(ctx), true};
   }
@@ -311,7 +332,6 @@ class CpuPreparedProgram final : public PreparedProgram {
         for (size_t o : conflicts) {
           const ValueId id = node.outputs[o];
           view_of_[static_cast<size_t>(id)] = kNoValue;
-          if (getenv("NPUSIM_DEBUG_OWN")) fprintf(stderr, "conflict %s %s\n", node.name.c_str(), node.op.c_str());
           addresses_[static_cast<size_t>(id)] = own_buffer(storage_bytes(id));
         }
         prepared = make_kernel(context_for(node));
@@ -328,6 +348,7 @@ class CpuPreparedProgram final : public PreparedProgram {
   AlignedBuffer arena_;
   std::vector<AlignedBuffer> owned_;  // persistent buffers, outputs nobody reads, values moved out of the arena
   size_t owned_bytes_ = 0;
+  std::vector<Elem> elems_;             // by ValueId: how each value is stored
   std::vector<Tensor> weights_;         // by ValueId, in storage form
   std::vector<std::byte*> addresses_;   // by ValueId; unused for views
   std::vector<ValueId> view_of_;        // by ValueId: the value a view aliases, or kNoValue

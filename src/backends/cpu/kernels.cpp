@@ -44,12 +44,6 @@ void store_floats(const float* values, std::byte* data, Elem elem, int64_t count
   from_float(values, data, elem, count);
 }
 
-bool all_float(const std::vector<Buffer>& buffers) {
-  for (const Buffer& b : buffers)
-    if (!is_float_elem(b.elem)) return false;
-  return true;
-}
-
 void share_all_inputs(Kernel& kernel, const KernelContext& ctx) {
   kernel.shareable_inputs.clear();
   for (size_t i = 0; i < ctx.inputs.size(); ++i) kernel.shareable_inputs.push_back(i);

@@ -63,7 +63,6 @@ struct KernelContext {
   const Node& node;
   std::vector<Buffer> inputs;
   std::vector<Buffer> outputs;
-  Elem floats;  // storage of floating values
   ThreadPool& pool;
   ScratchSpace& scratch;
 };
@@ -107,8 +106,6 @@ void add_reduction_kernels(KernelTable& table);
 const float* float_data(const std::byte* data, Elem elem, int64_t count, float* scratch);
 // Writes fp32 results to a buffer; nothing to do when `values` already is the buffer.
 void store_floats(const float* values, std::byte* data, Elem elem, int64_t count);
-// Whether every buffer given is a float buffer.
-bool all_float(const std::vector<Buffer>& buffers);
 // Lets every output share any input's address (see Kernel::shareable_inputs).
 void share_all_inputs(Kernel& kernel, const KernelContext& ctx);
 // Bytes of `count` fp32 values (0 for negative counts).

@@ -659,9 +659,44 @@ std::optional<Kernel> fused_attention(const KernelContext& ctx) {
   return attention_kernel(ctx, std::move(p));
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// rotary_embedding: cos and sin tables [B, S, 2 * half] of position * inv_freq, computed in fp32 as Hugging Face
+// does, times attention_scaling.
+
+std::optional<Kernel> rotary_embedding(const KernelContext& ctx) {
+  if (ctx.inputs.size() != 2 || ctx.outputs.size() != 2 || !is_floating(ctx.inputs[0].meta.dtype) ||
+      ctx.inputs[1].elem != Elem::I64)
+    return std::nullopt;
+  const Buffer frequencies = ctx.inputs[0], positions = ctx.inputs[1], cos = ctx.outputs[0], sin = ctx.outputs[1];
+  const int64_t half = frequencies.numel();
+  if (cos.numel() != positions.numel() * 2 * half) return std::nullopt;
+  const auto scaling = static_cast<float>(ctx.node.attrs.get_float("attention_scaling", 1.0));
+  ctx.scratch.reserve_shared(floats_bytes(5 * half));
+  Kernel kernel;
+  kernel.run = [=, scratch = &ctx.scratch] {
+    float* inv_freq = scratch->shared_as<float>();
+    float* c = inv_freq + half;
+    float* s = c + 2 * half;
+    to_float(frequencies.data, frequencies.elem, inv_freq, half);
+    const int64_t* position = positions.as<const int64_t>();
+    for (int64_t row = 0; row < positions.numel(); ++row) {
+      const auto p = static_cast<float>(position[row]);
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = p * inv_freq[i];
+        c[i] = c[i + half] = std::cos(angle) * scaling;
+        s[i] = s[i + half] = std::sin(angle) * scaling;
+      }
+      store_line(c, cos, row * 2 * half, 1, 2 * half);
+      store_line(s, sin, row * 2 * half, 1, 2 * half);
+    }
+  };
+  return kernel;
+}
+
 }  // namespace
 
 void add_nn_kernels(KernelTable& table) {
+  table.add("rotary_embedding", rotary_embedding);
   table.add("softmax", softmax);
   table.add("log_softmax", log_softmax);
   table.add("masked_softmax", masked_softmax);

@@ -20,17 +20,6 @@ size_t elem_size(Elem elem) {
   return 1;
 }
 
-const char* elem_name(Elem elem) {
-  switch (elem) {
-    case Elem::F32: return "float32";
-    case Elem::F16: return "float16";
-    case Elem::BF16: return "bfloat16";
-    case Elem::I64: return "int64";
-    case Elem::Bool: return "bool";
-  }
-  return "unknown";
-}
-
 Elem float_storage(DType compute_dtype) {
   switch (compute_dtype) {
     case DType::Float32: return Elem::F32;

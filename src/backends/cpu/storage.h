@@ -16,7 +16,6 @@ namespace npusim::cpu {
 enum class Elem : uint8_t { F32, F16, BF16, I64, Bool };
 
 size_t elem_size(Elem elem);
-const char* elem_name(Elem elem);
 inline bool is_float_elem(Elem elem) { return elem == Elem::F32 || elem == Elem::F16 || elem == Elem::BF16; }
 
 // The float storage element of a program's compute dtype; fails for anything but fp32, fp16 and bf16.
