@@ -3,6 +3,8 @@
 set -euo pipefail
 packages=(build-essential cmake ninja-build nlohmann-json3-dev libgtest-dev python3 python3-numpy python3-torch
   python3-torchvision flatbuffers-compiler libflatbuffers-dev)
+# Node.js runs the reference tokenizer of the tokenizer tests; a Node.js installed another way (it brings npm) is kept.
+command -v npm >/dev/null || packages+=(nodejs npm)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -14,7 +14,7 @@ int compile_command(const std::vector<std::string>& argv) {
                   join({kCompileOptions,
                         {{"o", true, "FILE.npubin: where to write the program"},
                          {"output", true, "FILE.npubin: same as -o"},
-                         {"report", false, "print which ops run where, the fallbacks and the memory plan"},
+                         {"report", false, "print which ops run where, the partitions, the transfers and their bytes, the memory plan"},
                          {"help", false, "show this help"}}}),
                   [&] {
                     std::vector<std::string> fixed;

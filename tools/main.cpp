@@ -17,9 +17,12 @@ commands:
   inspect  print a compiled program: inputs, outputs, kernels, buffers, weights, bytes
   run      run a graph or program on its backend (or --reference) and write or print its outputs
   bisect   find the compiler pass and node where a compiled model's output starts to diverge
+  bench    time a graph or program on the CPU backend: min/median/max, GFLOP/s, GB/s (--json)
   passes   list the compiler passes (each can be switched off with --disable NAME)
   verify   compare two safetensors files tensor by tensor (Pearson r, top-5, argmax, max |diff|)
   ops      list the supported ATen ops and the canonical op each maps to
+  generate generate text from a Hugging Face model directory (--model DIR --prompt TEXT)
+  chat     talk with a model interactively; the conversation and its KV cache persist between turns
 )";
 
 }  // namespace
@@ -40,6 +43,9 @@ int main(int argc, char** argv) {
     if (command == "inspect") return npusim::cli::inspect_command(args);
     if (command == "passes") return npusim::cli::passes_command(args);
     if (command == "bisect") return npusim::cli::bisect_command(args);
+    if (command == "bench") return npusim::cli::bench_command(args);
+    if (command == "generate") return npusim::cli::generate_command(args);
+    if (command == "chat") return npusim::cli::chat_command(args);
     std::fprintf(stderr, "npusim: unknown command '%s' (see npusim --help)\n", command.c_str());
     return 2;
   } catch (const npusim::Error& error) {

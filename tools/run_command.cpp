@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "cli_args.h"
 #include "commands.h"
@@ -10,6 +11,8 @@
 #include "loading.h"
 #include "runtime/backend.h"
 #include "runtime/compare.h"
+#include "runtime/dag_executor.h"
+#include "runtime/profiler.h"
 #include "runtime/reference_executor.h"
 #include "runtime/safetensors.h"
 
@@ -22,7 +25,8 @@ const std::vector<OptionSpec> kRunOnlyOptions = {
     {"outputs", true, "write the graph outputs to this .safetensors file"},
     {"top", true, "K: print the top-K classes of the last row of the first output"},
     {"iters", true, "N: run N times and report min and median latency (default 1)"},
-    {"profile", false, "print the time of every kernel of the last run"},
+    {"profile", false, "print per kernel, partition and transfer: calls, time, share, bytes moved, GB/s (last run)"},
+    {"trace", true, "FILE.json: write a Chrome/Perfetto trace of the last run (ui.perfetto.dev, chrome://tracing)"},
     {"help", false, "show this help"},
 };
 
@@ -35,22 +39,6 @@ void print_top(const NamedTensors& outputs, int k) {
   std::printf("top-%d of '%s':\n", k, outputs.front().first.c_str());
   for (int64_t index : top_k_indices(last, row, k))
     std::printf("  class %6lld  %10.4f\n", static_cast<long long>(index), last[index]);
-}
-
-void print_profile(const std::vector<KernelTiming>& timings) {
-  std::map<std::string, std::pair<int, double>> by_op;
-  double total = 0;
-  for (const KernelTiming& t : timings) {
-    by_op[t.op].first += 1;
-    by_op[t.op].second += t.milliseconds;
-    total += t.milliseconds;
-  }
-  std::vector<std::pair<std::string, std::pair<int, double>>> rows(by_op.begin(), by_op.end());
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
-  std::printf("%-28s %6s %10s %10s %6s\n", "op", "calls", "total ms", "mean ms", "share");
-  for (const auto& [op, stats] : rows)
-    std::printf("%-28s %6d %10.3f %10.4f %5.1f%%\n", op.c_str(), stats.first, stats.second, stats.second / stats.first,
-                total > 0 ? 100.0 * stats.second / total : 0.0);
 }
 
 }  // namespace
@@ -80,6 +68,7 @@ int run_command(const std::vector<std::string>& argv) {
   std::string memory_line;
   if (args.flag("reference")) {
     if (is_program_file(path)) fail("npusim run: --reference runs a graph JSON, not a compiled program");
+    if (args.value("trace")) fail("npusim run: --trace times the compiled program's kernels; leave out --reference");
     const Graph graph = read_torch_ir(path);
     check_supported(graph);
     const auto weights = load_weights(graph, args);
@@ -89,25 +78,46 @@ int run_command(const std::vector<std::string>& argv) {
     path_label = "reference path";
   } else {
     Program program;
+    compiler::Target target;
+    std::optional<compiler::PartitionPlan> plan;
     if (is_program_file(path)) {
       program = read_program(path);
+      // A program compiled for a target file names the target; the file itself is given again with --target.
+      const auto builtin = compiler::builtin_target_names();
+      if (!args.value("target") && std::find(builtin.begin(), builtin.end(), program.target) == builtin.end())
+        fail(path + ": compiled for target '" + program.target + "'; give its target file with --target");
+      target = compiler::load_target(args.value("target").value_or(program.target));
+      if (target.name != program.target)
+        fail(path + ": compiled for target '" + program.target + "', not '" + target.name + "'");
     } else {
       const Graph graph = read_torch_ir(path);
       check_supported(graph);
-      program = compiler::compile_graph(graph, compile_options(args));
+      const compiler::CompileOptions options = compile_options(args);
+      compiler::CompileReport report;
+      program = compiler::compile_graph(graph, options, &report);
+      target = compiler::load_target(options.target);
+      plan = std::move(report.partitions);
     }
+    if (!plan) plan = compiler::partition_graph(program.graph, target, program.compute_dtype);
     const auto weights = load_weights(program.graph, args);
     const auto inputs = load_inputs(program.graph, args);
-    auto backend = make_backend(compiler::load_target(program.target).backend);
-    auto prepared = backend->prepare(program, weights);
-    prepared->set_profiling(args.flag("profile"));
-    timed([&] { return prepared->run(inputs); });
-    path_label = program.target + " backend, " + std::string(dtype_name(program.compute_dtype));
+    const size_t partitions = plan->partitions.size(), fallback_nodes = plan->fallback_nodes();
+    DagExecutor prepared(program, std::move(*plan), weights);
+    prepared.set_profiling(args.flag("profile") || args.value("trace"));
+    timed([&] { return prepared.run(inputs); });
+    path_label = target.name + " on " + target.backend + ", " + std::string(dtype_name(program.compute_dtype));
+    if (partitions > 1)
+      path_label += ", " + std::to_string(partitions) + " partitions, " + std::to_string(fallback_nodes) +
+                    " nodes on the fallback " + target.fallback;
     char line[160];
-    std::snprintf(line, sizeof line, "memory: planned %.2f MB, allocated %.2f MB\n", prepared->planned_bytes() / 1e6,
-                  prepared->allocated_bytes() / 1e6);
+    std::snprintf(line, sizeof line, "memory: planned %.2f MB, allocated %.2f MB\n", prepared.planned_bytes() / 1e6,
+                  prepared.allocated_bytes() / 1e6);
     memory_line = line;
-    if (args.flag("profile")) print_profile(prepared->last_timings());
+    if (args.flag("profile")) std::fputs(format_profile(prepared.last_profile()).c_str(), stdout);
+    if (auto trace = args.value("trace")) {
+      write_chrome_trace(*trace, prepared.last_profile());
+      std::printf("wrote trace %s (%zu kernels)\n", trace->c_str(), prepared.last_profile().kernels.size());
+    }
   }
   std::sort(latencies.begin(), latencies.end());
 

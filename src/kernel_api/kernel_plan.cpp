@@ -1,5 +1,7 @@
 #include "kernel_api/kernel_plan.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -66,7 +68,9 @@ void check_name(const std::string& kernel, const std::string& what, const std::s
 }
 
 std::string dims_string(int64_t x, int64_t y, int64_t z) {
-  return "{" + std::to_string(x) + ", " + std::to_string(y) + ", " + std::to_string(z) + "}";
+  std::string text = "{";
+  text += std::to_string(x) + ", " + std::to_string(y) + ", " + std::to_string(z) + "}";
+  return text;
 }
 
 std::string joined(const std::vector<std::string>& names) {

@@ -22,6 +22,19 @@ AtenSpelling spelling(std::string op_type, std::map<std::string, std::string> re
 
 std::string str(int64_t value) { return std::to_string(value); }
 
+// Geometry arithmetic on attribute values, which a model file may set to anything: overflow is an error.
+int64_t checked_add(int64_t a, int64_t b, const std::string& what) {
+  int64_t result = 0;
+  if (__builtin_add_overflow(a, b, &result)) fail(what + " is out of range (" + str(a) + " + " + str(b) + ")");
+  return result;
+}
+
+int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
+  int64_t result = 0;
+  if (__builtin_mul_overflow(a, b, &result)) fail(what + " is out of range (" + str(a) + " * " + str(b) + ")");
+  return result;
+}
+
 void expect_floating(const TensorMeta& meta, const std::string& what) {
   if (!is_floating(meta.dtype))
     fail(what + " must be a floating-point tensor, got " + std::string(dtype_name(meta.dtype)));
@@ -88,7 +101,7 @@ void conv_padding(const Attrs& attrs, size_t dims, const std::vector<int64_t>& k
     before.resize(dims);
     after.resize(dims);
     for (size_t d = 0; d < dims; ++d) {
-      const int64_t total = dilation[d] * (kernel[d] - 1);
+      const int64_t total = checked_mul(dilation[d], kernel[d] - 1, op + ": the kernel extent");
       before[d] = total / 2;  // PyTorch puts the odd element on the far side
       after[d] = total - before[d];
     }
@@ -115,9 +128,10 @@ ConvGeometry conv_geometry(const Attrs& attrs, std::span<const TensorMeta> input
   g.out_channels = weight[0];
   g.groups = attrs.get_int("groups", 1);
   if (g.groups < 1) fail(op + ": groups must be positive, got " + str(g.groups));
-  if (weight[1] * g.groups != g.in_channels)
+  const int64_t expected_channels = checked_mul(weight[1], g.groups, op + ": groups=" + str(g.groups));
+  if (expected_channels != g.in_channels)
     fail(op + ": input has " + str(g.in_channels) + " channels but weight " + shape_string(weight) +
-         " with groups=" + str(g.groups) + " expects " + str(weight[1] * g.groups));
+         " with groups=" + str(g.groups) + " expects " + str(expected_channels));
   if (g.out_channels % g.groups != 0)
     fail(op + ": " + str(g.out_channels) + " output channels are not divisible by groups=" + str(g.groups));
   if (inputs.size() == 3) expect_vector(inputs[2], g.out_channels, op + ": bias");
@@ -135,8 +149,8 @@ ConvGeometry conv_geometry(const Attrs& attrs, std::span<const TensorMeta> input
   const size_t first = 2 - dims;  // a 1-D convolution fills only the width
   for (size_t d = 0; d < dims; ++d) {
     const int64_t in = x[x.size() - dims + d];
-    const int64_t padded = in + before[d] + after[d];
-    const int64_t extent = dilation[d] * (kernel[d] - 1) + 1;
+    const int64_t padded = checked_add(checked_add(in, before[d], op + ": padding"), after[d], op + ": padding");
+    const int64_t extent = checked_mul(dilation[d], kernel[d] - 1, op + ": the kernel extent") + 1;
     if (extent > padded)
       fail(op + ": kernel extent " + str(extent) + " is larger than the padded input size " + str(padded) + " (input " +
            shape_string(x) + ", weight " + shape_string(weight) + ")");
@@ -532,9 +546,15 @@ struct PoolGeometry {
 };
 
 // PyTorch's pooling_output_shape: floor or ceil division, and no window may start inside the right padding.
-int64_t pooled_size(int64_t in, int64_t kernel, int64_t pad, int64_t stride, int64_t dilation, bool ceil_mode) {
-  const int64_t numerator = in + 2 * pad - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
-  int64_t out = (numerator >= 0 ? numerator / stride : -ceil_div(-numerator, stride)) + 1;
+int64_t pooled_size(int64_t in, int64_t kernel, int64_t pad, int64_t stride, int64_t dilation, bool ceil_mode,
+                    const std::string& op) {
+  // pad <= kernel / 2 is checked first, so only the window extent and the sums can overflow.
+  const int64_t extent = checked_mul(dilation, kernel - 1, op + ": the kernel extent");
+  const int64_t padded = checked_add(in, checked_mul(2, pad, op + ": padding"), op + ": padding");
+  const int64_t numerator =
+      checked_add(padded - extent - 1, ceil_mode ? stride - 1 : 0, op + ": the window arithmetic");
+  if (numerator < 0) return 0;  // no window fits (and ceil_div could overflow for a huge stride)
+  int64_t out = numerator / stride + 1;
   if (ceil_mode && (out - 1) * stride >= in + pad) --out;
   return out;
 }
@@ -574,7 +594,7 @@ PoolGeometry pool_geometry(const Attrs& attrs, const TensorMeta& x, bool with_di
     g.stride[d] = stride[d];
     g.pad[d] = pad[d];
     g.dilation[d] = dilation[d];
-    g.out[d] = pooled_size(g.in[d], kernel[d], pad[d], stride[d], dilation[d], ceil_mode);
+    g.out[d] = pooled_size(g.in[d], kernel[d], pad[d], stride[d], dilation[d], ceil_mode, op);
     if (g.out[d] < 1)
       fail(op + ": input " + shape_string(shape) + " is too small for kernel " + shape_string(kernel) +
            " (output size " + str(g.out[d]) + ")");

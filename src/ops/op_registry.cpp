@@ -2,6 +2,7 @@
 
 #include <mutex>
 
+#include "kernel_api/custom_ops.h"
 #include "npusim/error.h"
 
 namespace npusim {
@@ -36,12 +37,12 @@ void OpRegistry::add(OpDef def) {
 
 const OpDef* OpRegistry::find(const std::string& canonical_name) const {
   auto it = ops_.find(canonical_name);
-  return it == ops_.end() ? nullptr : &it->second;
+  return it == ops_.end() ? find_custom_op(canonical_name) : &it->second;
 }
 
 std::pair<const OpDef*, const AtenSpelling*> OpRegistry::find_spelling(const std::string& op_type) const {
   auto it = spellings_.find(op_type);
-  if (it == spellings_.end()) return {nullptr, nullptr};
+  if (it == spellings_.end()) return find_custom_spelling(op_type);
   const OpDef* def = find(it->second.first);
   return {def, &def->spellings[it->second.second]};
 }
@@ -49,6 +50,7 @@ std::pair<const OpDef*, const AtenSpelling*> OpRegistry::find_spelling(const std
 std::vector<const OpDef*> OpRegistry::all() const {
   std::vector<const OpDef*> defs;
   for (const auto& [name, def] : ops_) defs.push_back(&def);
+  for (const OpDef* def : custom_ops()) defs.push_back(def);
   return defs;
 }
 

@@ -43,6 +43,21 @@ class PreparedProgram {
   virtual std::vector<KernelTiming> last_timings() const = 0;
   // Nodes that run the registry's reference implementation instead of a kernel, as "name (op)".
   virtual std::vector<std::string> fallback_nodes() const { return {}; }
+
+  // State kept on the backend between runs (a KV cache). Each pair names a graph input and the graph output that
+  // is its next value; the output then shares the input's persistent buffer, so a run updates it in place (an
+  // index_copy writes only its new rows). Afterwards `run` takes state inputs only when they are to be replaced
+  // (absent: the buffer keeps what the last run left, zeros at first) and returns only the other outputs.
+  // With `share_with` (a program prepared by the same backend), inputs it already keeps as state use the same
+  // buffers: the prefill and decode programs of one session update one cache.
+  virtual void bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
+                          const PreparedProgram* share_with = nullptr) {
+    (void)input_output_pairs;
+    (void)share_with;
+    fail("this backend cannot keep state between runs");
+  }
+  // A copy of the state kept for a graph input (fp32 for floats).
+  virtual Tensor read_state(const std::string& input) const { fail("no state is kept for input '" + input + "'"); }
 };
 
 class Backend {

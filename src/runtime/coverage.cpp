@@ -41,7 +41,8 @@ std::vector<DType> parse_dtype_list(const nlohmann::json& list, const std::strin
 }
 
 AttrRange parse_range(const std::string& name, const nlohmann::json& bounds, const std::string& where) {
-  AttrRange range{name};
+  AttrRange range;
+  range.name = name;
   if (!bounds.is_object()) fail(where + ": the range of '" + name + "' must be an object with 'min' and/or 'max'");
   for (const auto& [key, bound] : bounds.items()) {
     if (!bound.is_number()) fail(where + ": '" + name + "." + key + "' must be a number");
@@ -56,11 +57,17 @@ AttrRange parse_range(const std::string& name, const nlohmann::json& bounds, con
   return range;
 }
 
+OpCoverage op_named(std::string name) {
+  OpCoverage op;
+  op.op = std::move(name);
+  return op;
+}
+
 OpCoverage parse_op_entry(const nlohmann::json& entry, const std::string& source) {
-  if (entry.is_string()) return OpCoverage{entry.get<std::string>()};
+  if (entry.is_string()) return op_named(entry.get<std::string>());
   if (!entry.is_object() || !entry.contains("op") || !entry["op"].is_string())
     fail(source + ": each entry of 'ops' must be an op name or an object with an 'op' name");
-  OpCoverage op{entry["op"].get<std::string>()};
+  OpCoverage op = op_named(entry["op"].get<std::string>());
   const std::string where = source + ": op '" + op.op + "'";
   for (const auto& [key, value] : entry.items()) {
     if (key == "op") continue;
@@ -195,7 +202,7 @@ BackendCoverage parse_coverage(const std::string& json_text, const std::string& 
   if (root.contains("dtypes")) coverage.dtypes = parse_dtype_list(root["dtypes"], source + ": 'dtypes'");
   const nlohmann::json ops = root.contains("ops") ? root["ops"] : nlohmann::json::array();
   if (ops.is_string() && ops.get<std::string>() == "*") {
-    for (const OpDef* def : OpRegistry::instance().all()) coverage.ops[def->name] = OpCoverage{def->name};
+    for (const OpDef* def : OpRegistry::instance().all()) coverage.ops[def->name] = op_named(def->name);
   } else if (ops.is_array()) {
     for (const auto& entry : ops) {
       OpCoverage op = parse_op_entry(entry, source);
@@ -259,7 +266,7 @@ std::string format_coverage_table(const std::vector<BackendCoverage>& backends, 
       std::snprintf(line, sizeof line, " %-12s", coverage_cell(backend, def->name).c_str());
       text += line;
     }
-    if (target) text += " " + target_cell(*target, *on_target, fallback ? &*fallback : nullptr, def->name);
+    if (target) text.append(" ").append(target_cell(*target, *on_target, fallback ? &*fallback : nullptr, def->name));
     while (!text.empty() && text.back() == ' ') text.pop_back();
     text += "\n";
   }
@@ -291,7 +298,7 @@ std::string coverage_markdown(const std::vector<BackendCoverage>& backends) {
     for (const AtenSpelling& spelling : def->spellings)
       spellings += (spellings.empty() ? "" : ", ") + std::string("`") + spelling.op_type + "`";
     text += "| `" + def->name + "` | " + (spellings.empty() ? "(created by the compiler)" : spellings) + " |";
-    for (const BackendCoverage& backend : backends) text += " " + coverage_cell(backend, def->name) + " |";
+    for (const BackendCoverage& backend : backends) text.append(" ").append(coverage_cell(backend, def->name)).append(" |");
     text += "\n";
   }
   return text;

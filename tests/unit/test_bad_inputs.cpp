@@ -316,6 +316,27 @@ TEST(FuzzRegression, TargetIntegersMustBeIntegers) {
   expect_error([&] { compiler::load_target(path); }, path, "'alignment' must be an integer");
 }
 
+TEST(FuzzRegression, HugeConvolutionAndPoolingAttributesOverflowNothing) {
+  // fuzz_npubin: groups=7598805589533392897 made weight[1] * groups overflow (UBSan: signed integer overflow).
+  const std::string conv = "aten.conv2d.default";
+  const std::string x = "[1, 3, 4, 4]", out = "[1, 3, 2, 2]", w = "[3, 3, 3, 3]";
+  expect_ir_error(one_node_ir(conv, x, R"({"groups": 7598805589533392897})", out, w), "groups=7598805589533392897");
+  expect_ir_error(one_node_ir(conv, x, R"({"padding": [9223372036854775807, 0]})", out, w), "padding");
+  expect_ir_error(one_node_ir(conv, x, R"({"dilation": [4611686018427387904, 1]})", out, w), "kernel extent");
+  expect_ir_error(one_node_ir(conv, x, R"({"padding": "same", "dilation": [4611686018427387904, 1]})", out, w),
+                  "kernel extent");
+  const std::string pool = "aten.max_pool2d.default";
+  expect_ir_error(one_node_ir(pool, x, R"({"kernel_size": [2, 2], "dilation": [9223372036854775807, 1]})", out),
+                  "kernel extent");
+  expect_ir_error(
+      one_node_ir(pool, x, R"({"kernel_size": [9223372036854775807, 2], "padding": [4611686018427387903, 0]})", out),
+      "padding");
+  expect_ir_error(one_node_ir(pool, x, R"({"kernel_size": [2, 2], "stride": [9223372036854775807, 1],
+                                        "ceil_mode": true})",
+                              out),
+                  "");
+}
+
 // --- torch_ir JSON ---
 
 TEST(BadIr, EveryTruncationFails) {

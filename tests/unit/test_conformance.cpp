@@ -80,10 +80,11 @@ Case fallback(Case c) {
 
 std::vector<Case> elementwise_cases() {
   std::vector<Case> cases;
-  for (const char* op : {"exp", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal", "sin", "cos",
-                         "tan", "atan", "tanh", "sigmoid", "erf", "neg", "abs", "sign", "floor", "ceil", "trunc",
-                         "round", "relu", "hardtanh", "gelu", "silu", "hardswish", "hardsigmoid", "leaky_relu", "elu",
-                         "softplus", "mish", "logical_not"}) {
+  for (const char* op :
+       {"exp",       "log",         "log2",       "log10", "log1p",    "expm1",   "sqrt",       "rsqrt", "reciprocal",
+        "sin",       "cos",         "tan",        "atan",  "tanh",     "sigmoid", "erf",        "neg",   "abs",
+        "sign",      "floor",       "ceil",       "trunc", "round",    "relu",    "hardtanh",   "gelu",  "silu",
+        "hardswish", "hardsigmoid", "leaky_relu", "elu",   "softplus", "mish",    "logical_not"}) {
     cases.push_back(make(op, {f({2, 33})}));
     cases.push_back(make(op, {f({0, 5})}, {}, "empty"));
   }
@@ -118,8 +119,8 @@ std::vector<Case> elementwise_cases() {
   cases.push_back(make("div", {f({7, 33}), f({33})}, attrs({{"rounding_mode", S("trunc")}}), "trunc"));
   cases.push_back(make("div", {f({7, 33}), f({33})}, attrs({{"rounding_mode", S("floor")}}), "floor"));
   cases.push_back(make("div", {ints({9}, -9, 9), ints({9}, 1, 4)}, {}, "int64 true division"));
-  cases.push_back(fallback(make("div", {ints({9}, -9, 9), ints({9}, 1, 4)}, attrs({{"rounding_mode", S("floor")}}),
-                                "int64 floor")));
+  cases.push_back(fallback(
+      make("div", {ints({9}, -9, 9), ints({9}, 1, 4)}, attrs({{"rounding_mode", S("floor")}}), "int64 floor")));
   cases.push_back(make("pow", {f({33})}, attrs({{"exponent", F(2.0)}}), "square"));
   cases.push_back(make("pow", {positive({33})}, attrs({{"exponent", F(0.5)}}), "root"));
   cases.push_back(make("pow", {f({33})}, attrs({{"exponent", I(3)}}), "cube"));
@@ -182,7 +183,8 @@ std::vector<Case> shape_cases() {
   cases.push_back(make("expand", {f({3, 1})}, attrs({{"size", L({2, 3, 7})}})));
   cases.push_back(make("expand", {bools({1, 5})}, attrs({{"size", L({4, -1})}}), "bool"));
   cases.push_back(make("repeat", {f({2, 3})}, attrs({{"repeats", L({2, 1, 3})}})));
-  cases.push_back(make("slice", {f({7, 33})}, attrs({{"dim", I(1)}, {"start", I(-20)}, {"end", I(31)}, {"step", I(3)}})));
+  cases.push_back(
+      make("slice", {f({7, 33})}, attrs({{"dim", I(1)}, {"start", I(-20)}, {"end", I(31)}, {"step", I(3)}})));
   cases.push_back(make("slice", {f({7, 33})},
                        attrs({{"dim", I(0)}, {"start", I(2)}, {"end", I(std::numeric_limits<int64_t>::max())}}),
                        "open end"));
@@ -227,24 +229,26 @@ std::vector<Case> linalg_cases() {
 
 std::vector<Case> conv_cases() {
   std::vector<Case> cases;
-  cases.push_back(make("conv2d", {f({1, 3, 9, 9}), w({4, 3, 3, 3}), w({4})},
-                       attrs({{"stride", L({2})}, {"padding", L({1})}})));
+  cases.push_back(
+      make("conv2d", {f({1, 3, 9, 9}), w({4, 3, 3, 3}), w({4})}, attrs({{"stride", L({2})}, {"padding", L({1})}})));
   cases.push_back(make("conv2d", {f({2, 4, 7, 8}), w({6, 2, 3, 2})},
                        attrs({{"groups", I(2)}, {"dilation", L({2, 1})}, {"padding", L({2, 0})}}), "grouped"));
   cases.push_back(make("conv2d", {f({1, 5, 6, 7}), w({3, 5, 1, 1}), w({3})}, {}, "pointwise"));
-  cases.push_back(make("conv2d", {f({3, 7, 7}), w({2, 3, 3, 3})}, attrs({{"padding_mode", S("same")}}), "unbatched same"));
+  cases.push_back(
+      make("conv2d", {f({3, 7, 7}), w({2, 3, 3, 3})}, attrs({{"padding_mode", S("same")}}), "unbatched same"));
   cases.push_back(make("conv2d", {f({1, 4, 5, 5}), w({4, 1, 3, 3}), w({4})},
                        attrs({{"groups", I(4)}, {"padding", L({1})}}), "depthwise"));
   cases.push_back(make("conv1d", {f({2, 3, 33}), w({4, 3, 5}), w({4})}, attrs({{"stride", L({3})}})));
   cases.push_back(make("convolution", {f({1, 2, 6, 6}), w({3, 2, 2, 2})}, attrs({{"stride", L({1, 2})}})));
-  cases.push_back(make("conv2d", {f({1, 16, 33, 33}), w({32, 16, 3, 3}), w({32})}, attrs({{"padding", L({1})}}),
-                       "parallel"));
-  cases.push_back(make("fused_conv2d", {f({1, 3, 9, 9}), w({4, 3, 3, 3}), w({4}), f({1, 4, 9, 9})},
-                       attrs({{"padding", L({1})}, {"has_bias", B(true)}, {"has_residual", B(true)},
-                              {"activation", S("relu")}})));
-  cases.push_back(make("fused_conv2d", {f({2, 3, 8, 8}), w({4, 3, 3, 3})},
-                       attrs({{"stride", L({2})}, {"activation", S("hardtanh")}, {"min_val", F(0.0)}, {"max_val", F(0.5)}}),
-                       "hardtanh"));
+  cases.push_back(
+      make("conv2d", {f({1, 16, 33, 33}), w({32, 16, 3, 3}), w({32})}, attrs({{"padding", L({1})}}), "parallel"));
+  cases.push_back(
+      make("fused_conv2d", {f({1, 3, 9, 9}), w({4, 3, 3, 3}), w({4}), f({1, 4, 9, 9})},
+           attrs({{"padding", L({1})}, {"has_bias", B(true)}, {"has_residual", B(true)}, {"activation", S("relu")}})));
+  cases.push_back(
+      make("fused_conv2d", {f({2, 3, 8, 8}), w({4, 3, 3, 3})},
+           attrs({{"stride", L({2})}, {"activation", S("hardtanh")}, {"min_val", F(0.0)}, {"max_val", F(0.5)}}),
+           "hardtanh"));
   cases.push_back(make("fused_conv2d", {f({1, 3, 5, 5}), w({2, 3, 1, 1}), f({1, 2, 5, 5})},
                        attrs({{"has_residual", B(true)}, {"activation", S("silu")}}), "pointwise residual"));
   return cases;
@@ -267,24 +271,29 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("batch_norm", {f({2, 3, 7}), w({3}), positive({3})}, {}, "statistics only"));
   cases.push_back(make("native_batch_norm", {f({1, 3, 4, 4}), w({3}), w({3}), w({3}), positive({3})}));
   cases.push_back(make("embedding", {w({33, 9}), ints({2, 7}, 0, 33)}));
-  cases.push_back(make("max_pool2d", {f({1, 3, 9, 9})}, attrs({{"kernel_size", L({3})}, {"stride", L({2})}, {"padding", L({1})}})));
-  cases.push_back(make("max_pool2d", {f({2, 7, 8})}, attrs({{"kernel_size", L({2, 3})}, {"ceil_mode", B(true)}, {"dilation", L({2})}}),
+  cases.push_back(
+      make("max_pool2d", {f({1, 3, 9, 9})}, attrs({{"kernel_size", L({3})}, {"stride", L({2})}, {"padding", L({1})}})));
+  cases.push_back(make("max_pool2d", {f({2, 7, 8})},
+                       attrs({{"kernel_size", L({2, 3})}, {"ceil_mode", B(true)}, {"dilation", L({2})}}),
                        "ceil dilation"));
-  cases.push_back(make("max_pool2d_with_indices", {f({1, 2, 7, 7})}, attrs({{"kernel_size", L({3})}, {"stride", L({2})}})));
-  cases.push_back(make("avg_pool2d", {f({1, 3, 9, 9})},
-                       attrs({{"kernel_size", L({3})}, {"stride", L({2})}, {"padding", L({1})}, {"count_include_pad", B(false)}})));
-  cases.push_back(make("avg_pool2d", {f({1, 3, 9, 9})}, attrs({{"kernel_size", L({2})}, {"divisor_override", I(3)}}),
-                       "divisor"));
+  cases.push_back(
+      make("max_pool2d_with_indices", {f({1, 2, 7, 7})}, attrs({{"kernel_size", L({3})}, {"stride", L({2})}})));
+  cases.push_back(
+      make("avg_pool2d", {f({1, 3, 9, 9})},
+           attrs({{"kernel_size", L({3})}, {"stride", L({2})}, {"padding", L({1})}, {"count_include_pad", B(false)}})));
+  cases.push_back(
+      make("avg_pool2d", {f({1, 3, 9, 9})}, attrs({{"kernel_size", L({2})}, {"divisor_override", I(3)}}), "divisor"));
   cases.push_back(make("adaptive_avg_pool2d", {f({1, 3, 7, 9})}, attrs({{"output_size", L({3, 4})}})));
   cases.push_back(make("adaptive_avg_pool2d", {f({1, 512, 7, 7})}, attrs({{"output_size", L({1})}}), "global"));
   cases.push_back(make("adaptive_avg_pool1d", {f({2, 3, 10})}, attrs({{"output_size", L({4})}})));
   cases.push_back(make("scaled_dot_product_attention", {f({1, 2, 7, 8}), f({1, 2, 9, 8}), f({1, 2, 9, 5})}));
   cases.push_back(make("scaled_dot_product_attention", {f({2, 7, 8}), f({2, 7, 8}), f({2, 7, 8})},
                        attrs({{"is_causal", B(true)}, {"scale", F(0.3)}}), "causal"));
-  cases.push_back(make("scaled_dot_product_attention", {f({1, 4, 5, 8}), f({1, 2, 6, 8}), f({1, 2, 6, 8}), bools({5, 6})},
+  cases.push_back(make("scaled_dot_product_attention",
+                       {f({1, 4, 5, 8}), f({1, 2, 6, 8}), f({1, 2, 6, 8}), bools({5, 6})},
                        attrs({{"enable_gqa", B(true)}}), "gqa bool mask"));
-  cases.push_back(make("scaled_dot_product_attention", {f({1, 2, 5, 8}), f({1, 2, 6, 8}), f({1, 2, 6, 8}), f({1, 1, 5, 6})},
-                       {}, "float mask"));
+  cases.push_back(make("scaled_dot_product_attention",
+                       {f({1, 2, 5, 8}), f({1, 2, 6, 8}), f({1, 2, 6, 8}), f({1, 1, 5, 6})}, {}, "float mask"));
   cases.push_back(make("attention", {f({1, 4, 7, 8}), f({1, 2, 9, 8}), f({1, 2, 9, 8}), f({1, 1, 7, 9})},
                        attrs({{"has_mask", B(true)}})));
   cases.push_back(make("attention", {f({1, 4, 1, 8}), f({1, 2, 9, 8}), f({1, 2, 9, 8}), ints({1}, 4, 5)},
@@ -325,16 +334,20 @@ Tensor make_values(const Operand& operand, uint64_t seed, DType storage) {
     switch (operand.fill) {
       case Fill::Normal:
       case Fill::Positive: {
-        float value = operand.fill == Fill::Normal ? static_cast<float>(unit * 4.0 - 2.0) : static_cast<float>(0.1 + unit * 2.0);
+        float value =
+            operand.fill == Fill::Normal ? static_cast<float>(unit * 4.0 - 2.0) : static_cast<float>(0.1 + unit * 2.0);
         if (storage == DType::BFloat16) value = bf16_to_float(float_to_bf16(value));
         if (storage == DType::Float16) value = fp16_to_float(float_to_fp16(value));
         t.mutable_data<float>()[i] = value;
         break;
       }
       case Fill::Integers:
-        t.mutable_data<int64_t>()[i] = operand.low + static_cast<int64_t>(next() % static_cast<uint64_t>(operand.high - operand.low));
+        t.mutable_data<int64_t>()[i] =
+            operand.low + static_cast<int64_t>(next() % static_cast<uint64_t>(operand.high - operand.low));
         break;
-      case Fill::Bools: t.mutable_data<uint8_t>()[i] = (next() % 3) != 0; break;
+      case Fill::Bools:
+        t.mutable_data<uint8_t>()[i] = (next() % 3) != 0;
+        break;
     }
   }
   return t;
@@ -356,7 +369,8 @@ Built build(const Case& c, DType storage) {
     const std::string name = "in" + std::to_string(i);
     const TensorMeta meta{operand.shape, operand.dtype};
     const Tensor values = make_values(operand, i + 1, storage);
-    const ValueId id = compiler::add_value(b.graph, name, meta, operand.weight ? ValueKind::Weight : ValueKind::GraphInput);
+    const ValueId id =
+        compiler::add_value(b.graph, name, meta, operand.weight ? ValueKind::Weight : ValueKind::GraphInput);
     if (operand.weight) {
       b.graph.value(id).weight_key = name;
       b.graph.weights.push_back(id);
@@ -392,9 +406,12 @@ Program program_for(Graph graph, DType storage) {
 
 double tolerance(DType storage) {
   switch (storage) {
-    case DType::BFloat16: return 8e-3;
-    case DType::Float16: return 1e-3;
-    default: return 2e-5;
+    case DType::BFloat16:
+      return 8e-3;
+    case DType::Float16:
+      return 1e-3;
+    default:
+      return 2e-5;
   }
 }
 

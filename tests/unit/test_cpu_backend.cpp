@@ -3,7 +3,10 @@
 // Op-by-op numerics live in test_conformance.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/storage.h"
 #include "compiler/graph_edit.h"
 #include "compiler/memory_plan.h"
 #include "compiler/pass.h"
@@ -93,8 +96,8 @@ std::vector<double> values_of(const Tensor& t) {
   return values;
 }
 
-std::unique_ptr<PreparedProgram> prepare(const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights = {},
-                                         int threads = 0) {
+std::unique_ptr<PreparedProgram> prepare(const Program& program,
+                                         const std::vector<std::pair<ValueId, Tensor>>& weights = {}, int threads = 0) {
   cpu::CpuBackend backend({.threads = threads, .poison_memory = true});
   return backend.prepare(program, weights);
 }
@@ -209,8 +212,11 @@ TEST(CpuBackend, ChecksInputsByNameShapeAndKind) {
   expect_error([&] { prepared->run({}); }, {"missing input 'x'"});
   expect_error([&] { prepared->run({{"x", floats({3, 2}, {0, 0, 0, 0, 0, 0})}}); }, {"'x'", "[3, 2]", "[2, 3]"});
   expect_error([&] { prepared->run({{"x", int64s({2, 3}, {0, 0, 0, 0, 0, 0})}}); }, {"'x'", "int64"});
-  expect_error([&] { prepared->run({{"x", floats({2, 3}, {0, 0, 0, 0, 0, 0})}, {"y", floats({1}, {0})}}); },
-               {"'y'", "not an input"});
+  expect_error(
+      [&] {
+        prepared->run({{"x", floats({2, 3}, {0, 0, 0, 0, 0, 0})}, {"y", floats({1}, {0})}});
+      },
+      {"'y'", "not an input"});
   // Other float widths are converted.
   const Tensor bf16 = floats({2, 3}, {1, 2, 3, 4, 5, 6}).to(DType::BFloat16);
   EXPECT_EQ(values_of(prepared->run({{"x", bf16}})[0].second), (std::vector<double>{4, 6, 8, 10, 12, 14}));
@@ -232,8 +238,11 @@ TEST(CpuBackend, KernelErrorsNameTheNode) {
   const auto prepared = prepare(program_for(graph), {{table, floats({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7})}});
   EXPECT_EQ(values_of(prepared->run({{"ids", int64s({3}, {3, 0, 1})}})[0].second),
             (std::vector<double>{6, 7, 0, 1, 2, 3}));
-  expect_error([&] { prepared->run({{"ids", int64s({3}, {0, 4, 1})}}); },
-               {"test.json", "'embed_tokens'", "index 4 is out of range"});
+  expect_error(
+      [&] {
+        prepared->run({{"ids", int64s({3}, {0, 4, 1})}});
+      },
+      {"test.json", "'embed_tokens'", "index 4 is out of range"});
 }
 
 TEST(CpuBackend, CountsNodesOnTheReferenceFallback) {
@@ -273,8 +282,11 @@ TEST(CpuBackend, ChecksWeights) {
   const Graph graph = builder.finish({builder.node("linear", "fc", {x, weight})});
   const Program program = program_for(graph);
   expect_error([&] { prepare(program); }, {"'fc.weight'", "'fc'", "no value"});
-  expect_error([&] { prepare(program, {{weight, floats({3, 2}, {0, 0, 0, 0, 0, 0})}}); },
-               {"'fc.weight'", "[3, 2]", "[2, 3]"});
+  expect_error(
+      [&] {
+        prepare(program, {{weight, floats({3, 2}, {0, 0, 0, 0, 0, 0})}});
+      },
+      {"'fc.weight'", "[3, 2]", "[2, 3]"});
   expect_error([&] { prepare(program, {{x, floats({1, 3}, {0, 0, 0})}}); }, {"not a weight"});
   // A bf16 checkpoint tensor is converted once.
   const auto prepared = prepare(program, {{weight, floats({2, 3}, {1, 0, 0, 0, 1, 1}).to(DType::BFloat16)}});
@@ -318,7 +330,8 @@ TEST(CpuBackend, ThreadCountsDoNotChangeResults) {
   const ValueId y = builder.node("linear", "fc", {x, weight});
   const Graph graph = builder.finish({builder.node("softmax", "softmax", {y}, {{"dim", I(-1)}})});
   Tensor input(DType::Float32, {64, 96}), w(DType::Float32, {160, 96});
-  for (int64_t i = 0; i < input.numel(); ++i) input.mutable_data<float>()[i] = static_cast<float>((i * 37 % 101) - 50) / 25.0f;
+  for (int64_t i = 0; i < input.numel(); ++i)
+    input.mutable_data<float>()[i] = static_cast<float>((i * 37 % 101) - 50) / 25.0f;
   for (int64_t i = 0; i < w.numel(); ++i) w.mutable_data<float>()[i] = static_cast<float>((i * 53 % 89) - 44) / 40.0f;
   for (const DType storage : {DType::Float32, DType::BFloat16}) {
     const Program program = program_for(graph, storage);
@@ -339,11 +352,13 @@ TEST(CpuBackend, UpdatesACacheInPlace) {
                                           {"position", int64s({1}, {2})},
                                           {"update", floats({1, 1, 2}, {9, 8})}});
   EXPECT_EQ(values_of(out[0].second), (std::vector<double>{1, 1, 2, 2, 9, 8, 4, 4}));
-  expect_error([&] {
-    prepared->run({{"cache", floats({1, 4, 2}, {0, 0, 0, 0, 0, 0, 0, 0})},
-                   {"position", int64s({1}, {4})},
-                   {"update", floats({1, 1, 2}, {9, 8})}});
-  }, {"'store'", "index 4 is out of range"});
+  expect_error(
+      [&] {
+        prepared->run({{"cache", floats({1, 4, 2}, {0, 0, 0, 0, 0, 0, 0, 0})},
+                       {"position", int64s({1}, {4})},
+                       {"update", floats({1, 1, 2}, {9, 8})}});
+      },
+      {"'store'", "index 4 is out of range"});
 }
 
 TEST(CpuBackend, RejectsWhatItCannotRun) {
@@ -361,6 +376,36 @@ TEST(CpuBackend, RejectsWhatItCannotRun) {
   compiler::renumber_producers(graph);
   graph.outputs = unknown.outputs;
   expect_error([&] { prepare(program_for(graph)); }, {"unsupported", "aten.frobnicate.default"});
+}
+
+// The vectorized storage conversions give the bits of the core's scalar helpers (NaN stays NaN).
+TEST(CpuBackend, StorageConversionsMatchTheCoreHelpers) {
+  std::vector<float> values = {0.0f,  -0.0f, 1.0f,  -1.5f,    65504.0f,  65520.0f,
+                               1e-8f, 6e-8f, 3e38f, INFINITY, -INFINITY, NAN};
+  for (uint64_t bits = 0; bits < (uint64_t{1} << 32); bits += 65537) {
+    const auto word = static_cast<uint32_t>(bits);
+    float value;
+    std::memcpy(&value, &word, sizeof value);
+    values.push_back(value);
+  }
+  const auto count = static_cast<int64_t>(values.size());
+  std::vector<uint16_t> half(values.size()), brain(values.size());
+  cpu::from_float(values.data(), reinterpret_cast<std::byte*>(half.data()), cpu::Elem::F16, count);
+  cpu::from_float(values.data(), reinterpret_cast<std::byte*>(brain.data()), cpu::Elem::BF16, count);
+  std::vector<float> half_back(values.size()), brain_back(values.size());
+  cpu::to_float(reinterpret_cast<const std::byte*>(half.data()), cpu::Elem::F16, half_back.data(), count);
+  cpu::to_float(reinterpret_cast<const std::byte*>(brain.data()), cpu::Elem::BF16, brain_back.data(), count);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (std::isnan(values[i])) {
+      EXPECT_TRUE(std::isnan(half_back[i]) && std::isnan(brain_back[i])) << i;
+      continue;
+    }
+    ASSERT_EQ(half[i], float_to_fp16(values[i])) << values[i];
+    ASSERT_EQ(brain[i], float_to_bf16(values[i])) << values[i];
+    const float expected_half = fp16_to_float(half[i]), expected_brain = bf16_to_float(brain[i]);
+    ASSERT_EQ(std::memcmp(&half_back[i], &expected_half, sizeof(float)), 0) << values[i];
+    ASSERT_EQ(std::memcmp(&brain_back[i], &expected_brain, sizeof(float)), 0) << values[i];
+  }
 }
 
 }  // namespace

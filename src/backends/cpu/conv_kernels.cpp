@@ -52,8 +52,8 @@ std::optional<ConvGeometry> conv_geometry(const Attrs& attrs, const Shape& x, co
   const auto dilation = per_dim(attrs, "dilation", dims, 1);
   if (!stride || !dilation) return std::nullopt;
   const std::string mode = attrs.is_none("padding_mode") ? "" : attrs.get_string("padding_mode");
-  std::optional<std::vector<int64_t>> padding = mode.empty() ? per_dim(attrs, "padding", dims, 0)
-                                                             : std::optional(std::vector<int64_t>(dims, 0));
+  std::optional<std::vector<int64_t>> padding =
+      mode.empty() ? per_dim(attrs, "padding", dims, 0) : std::optional(std::vector<int64_t>(dims, 0));
   if (!padding || (!mode.empty() && mode != "same" && mode != "valid")) return std::nullopt;
   Shape expected = batched ? Shape{g.batch, g.out_channels} : Shape{g.out_channels};
   const size_t first = 2 - dims;  // a 1-D convolution fills only the width
@@ -148,9 +148,9 @@ void run_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) 
   float* base = scratch.shared_as<float>();
   const int64_t sample_size = g.in_channels * g.in_plane();
   const int64_t pixels = g.pixels(), patch = g.patch(), group_out = g.group_out();
-  const float* weights = p.weight_scratch < 0 ? p.weight.as<const float>()
-                                              : float_data(p.weight.data, p.weight.elem, p.weight.numel(),
-                                                           base + p.weight_scratch);
+  const float* weights = p.weight_scratch < 0
+                             ? p.weight.as<const float>()
+                             : float_data(p.weight.data, p.weight.elem, p.weight.numel(), base + p.weight_scratch);
   float* patches = p.patches_scratch < 0 ? nullptr : base + p.patches_scratch;
   for (int64_t n = 0; n < g.batch; ++n) {
     const float* x = p.x_scratch < 0 ? p.x.as<const float>() + n * sample_size
@@ -166,8 +166,8 @@ void run_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) 
         b = patches;
       }
       const int64_t first_channel = group * group_out;
-      float* c = p.c_scratch < 0 ? p.out.as<float>() + (n * g.out_channels + first_channel) * pixels
-                                 : base + p.c_scratch;
+      float* c =
+          p.c_scratch < 0 ? p.out.as<float>() + (n * g.out_channels + first_channel) * pixels : base + p.c_scratch;
       ops::gemm_f32({.m = group_out,
                      .n = pixels,
                      .k = patch,
@@ -234,8 +234,7 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
 }
 
 std::optional<Kernel> conv(const KernelContext& ctx) {
-  return conv_kernel(ctx, ctx.inputs.size() == 3 ? std::optional<size_t>(2) : std::nullopt, std::nullopt,
-                     std::nullopt);
+  return conv_kernel(ctx, ctx.inputs.size() == 3 ? std::optional<size_t>(2) : std::nullopt, std::nullopt, std::nullopt);
 }
 
 std::optional<Kernel> fused_conv(const KernelContext& ctx) {

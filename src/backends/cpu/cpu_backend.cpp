@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "backends/cpu/kernels.h"
+#include "compiler/graph_edit.h"
 #include "npusim/op_registry.h"
 #include "runtime/weight_transforms.h"
 
@@ -17,11 +18,16 @@ using compiler::Placement;
 
 DType storage_dtype(Elem elem) {
   switch (elem) {
-    case Elem::F32: return DType::Float32;
-    case Elem::F16: return DType::Float16;
-    case Elem::BF16: return DType::BFloat16;
-    case Elem::I64: return DType::Int64;
-    case Elem::Bool: return DType::Bool;
+    case Elem::F32:
+      return DType::Float32;
+    case Elem::F16:
+      return DType::Float16;
+    case Elem::BF16:
+      return DType::BFloat16;
+    case Elem::I64:
+      return DType::Int64;
+    case Elem::Bool:
+      return DType::Bool;
   }
   return DType::Float32;
 }
@@ -89,8 +95,8 @@ class CpuPreparedProgram final : public PreparedProgram {
         poison_(options.poison_memory) {
     check_supported(graph_);
     if (plan_.values.size() != graph_.values.size())
-      fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) + " values, the graph has " +
-           std::to_string(graph_.values.size()));
+      fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) +
+           " values, the graph has " + std::to_string(graph_.values.size()));
     choose_elems();
     bind_weights(weights);
     place_values();
@@ -100,11 +106,16 @@ class CpuPreparedProgram final : public PreparedProgram {
   }
 
   NamedTensors run(const std::map<std::string, Tensor>& inputs) override {
-    const std::vector<Tensor> ordered = check_inputs(graph_, inputs);
-    if (poison_) poison();
-    for (size_t i = 0; i < ordered.size(); ++i) {
-      const Buffer in = buffer(graph_.inputs[i]);
-      tensor_to_storage(ordered[i], in.data, in.elem);
+    if (!state_.empty()) {
+      if (poison_) poison();
+      copy_inputs_keeping_state(inputs);
+    } else {
+      const std::vector<Tensor> ordered = check_inputs(graph_, inputs);
+      if (poison_) poison();
+      for (size_t i = 0; i < ordered.size(); ++i) {
+        const Buffer in = buffer(graph_.inputs[i]);
+        tensor_to_storage(ordered[i], in.data, in.elem);
+      }
     }
     size_t current = 0;
     try {
@@ -124,6 +135,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     }
     NamedTensors outputs;
     for (ValueId id : graph_.outputs) {
+      if (state_of_output(id)) continue;
       const Buffer out = buffer(id);
       outputs.emplace_back(graph_.value(id).name, storage_to_tensor(out.data, out.elem, out.meta.shape));
     }
@@ -131,13 +143,14 @@ class CpuPreparedProgram final : public PreparedProgram {
   }
 
   void poison() {
-    for (const AlignedBuffer* buffer : {static_cast<const AlignedBuffer*>(&arena_), &scratch_.buffer()}) std::memset(buffer->data(), 0xff, buffer->size());
+    for (const AlignedBuffer* buffer : {static_cast<const AlignedBuffer*>(&arena_), &scratch_.buffer()})
+      std::memset(buffer->data(), 0xff, buffer->size());
     for (const AlignedBuffer& buffer : owned_) std::memset(buffer.data(), 0xff, buffer.size());
   }
 
   int64_t planned_bytes() const override { return plan_.arena_bytes + plan_.persistent_bytes; }
   int64_t allocated_bytes() const override {
-    return static_cast<int64_t>(arena_.size() + owned_bytes_ + scratch_.allocated_bytes());
+    return static_cast<int64_t>(arena_.size() + owned_bytes_ + scratch_.allocated_bytes() + state_bytes_);
   }
   void set_profiling(bool on) override { profiling_ = on; }
   std::vector<KernelTiming> last_timings() const override { return timings_; }
@@ -163,22 +176,22 @@ class CpuPreparedProgram final : public PreparedProgram {
       given[static_cast<size_t>(id)] = tensor;
     }
     std::function<const Tensor&(ValueId, const std::string&)> value_of = [&](ValueId id,
-                                                                            const std::string& user) -> const Tensor& {
+                                                                             const std::string& user) -> const Tensor& {
       Tensor& slot = given[static_cast<size_t>(id)];
       if (slot.defined()) return slot;
       const Value& value = graph_.value(id);
       for (const std::string* key : {&value.weight_key, &value.name})
         if (auto it = graph_.constants.find(*key); it != graph_.constants.end()) return slot = it->second;
       if (!value.transform)
-        fail(graph_.source + ": weight '" + (value.weight_key.empty() ? value.name : value.weight_key) +
-             "' (used by " + user + ") has no value");
+        fail(graph_.source + ": weight '" + (value.weight_key.empty() ? value.name : value.weight_key) + "' (used by " +
+             user + ") has no value");
       std::vector<Tensor> sources;
       for (int32_t source : value.transform->sources)
         sources.push_back(source < 0 ? Tensor() : value_of(source, "the derived weight '" + value.name + "'"));
       slot = apply_weight_transform(*value.transform, sources, value.name);
       if (slot.shape() != value.meta.shape)
-        fail(graph_.source + ": weight transform '" + value.transform->kind + "' for '" + value.name +
-             "' gave shape " + shape_string(slot.shape()) + ", expected " + shape_string(value.meta.shape));
+        fail(graph_.source + ": weight transform '" + value.transform->kind + "' for '" + value.name + "' gave shape " +
+             shape_string(slot.shape()) + ", expected " + shape_string(value.meta.shape));
       return slot;
     };
     weights_.assign(graph_.values.size(), Tensor());
@@ -307,8 +320,8 @@ class CpuPreparedProgram final : public PreparedProgram {
     std::vector<size_t> conflicts;
     for (size_t o = 0; o < ctx.outputs.size(); ++o) {
       const Buffer& out = ctx.outputs[o];
-      bool conflict = !kernel.writes_nothing &&
-                      graph_.value(root_of(ctx.node.outputs[o])).kind == ValueKind::Weight && out.bytes() > 0;
+      bool conflict = !kernel.writes_nothing && graph_.value(root_of(ctx.node.outputs[o])).kind == ValueKind::Weight &&
+                      out.bytes() > 0;
       for (size_t p = 0; p < ctx.outputs.size() && !conflict; ++p)
         conflict = p != o && ranges_overlap(out, ctx.outputs[p]);
       for (size_t i = 0; i < ctx.inputs.size() && !conflict; ++i) {
@@ -340,6 +353,131 @@ class CpuPreparedProgram final : public PreparedProgram {
     }
   }
 
+  // ---- state kept between runs (see PreparedProgram::bind_state) ----
+
+ public:
+  void bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
+                  const PreparedProgram* share_with) override {
+    const auto* other = dynamic_cast<const CpuPreparedProgram*>(share_with);
+    if (share_with && !other) fail(graph_.source + ": state can only be shared with a program of the CPU backend");
+    const std::vector<std::vector<int32_t>> readers = compiler::consumers(graph_);
+    std::vector<StateSlot> slots;
+    for (const auto& [input_name, output_name] : input_output_pairs) {
+      const ValueId input = find_io(graph_.inputs, input_name, "input");
+      const ValueId output = find_io(graph_.outputs, output_name, "output");
+      const std::string pair = "state '" + input_name + "' -> '" + output_name + "'";
+      bool repeated = state_of_input(input_name) != nullptr;
+      for (const StateSlot& slot : slots) repeated = repeated || slot.input == input || slot.output == output;
+      if (repeated) fail(graph_.source + ": " + pair + ": the input or the output is already state");
+      if (graph_.value(input).meta.shape != graph_.value(output).meta.shape || elem_of(input) != elem_of(output))
+        fail(graph_.source + ": " + pair + ": the input " + shape_string(graph_.value(input).meta.shape) +
+             " and the output " + shape_string(graph_.value(output).meta.shape) + " differ in shape or storage");
+      const int32_t producer = graph_.value(output).producer;
+      if (graph_.value(output).kind != ValueKind::NodeOutput || producer < 0 ||
+          view_of_[static_cast<size_t>(output)] != kNoValue)
+        fail(graph_.source + ": " + pair + ": the output is not computed by a kernel of its own");
+      for (int32_t reader : readers[static_cast<size_t>(input)])
+        if (reader != producer)
+          fail(graph_.source + ": " + pair + ": node '" + graph_.nodes[static_cast<size_t>(reader)].name +
+               "' reads the input too, so it cannot be updated in place");
+      std::shared_ptr<AlignedBuffer> memory;
+      if (const StateSlot* shared = other ? other->state_of_input(input_name) : nullptr) {
+        if (shared->memory->size() != storage_bytes(input))
+          fail(graph_.source + ": " + pair + ": the shared state holds " + std::to_string(shared->memory->size()) +
+               " bytes, this program needs " + std::to_string(storage_bytes(input)));
+        memory = shared->memory;
+      }
+      slots.push_back({input_name, input, output, std::move(memory)});
+    }
+    for (StateSlot& slot : slots) {
+      if (!slot.memory) {
+        slot.memory = std::make_shared<AlignedBuffer>(storage_bytes(slot.input));
+        state_bytes_ += slot.memory->size();
+      }
+      for (ValueId id : {slot.input, slot.output}) {
+        release_owned(addresses_[static_cast<size_t>(id)]);
+        addresses_[static_cast<size_t>(id)] = slot.memory->data();
+      }
+      state_.push_back(std::move(slot));
+    }
+    kernels_.clear();
+    timings_.clear();
+    build_kernels();
+    scratch_.allocate(pool_.size());
+    for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
+    for (const StateSlot& slot : state_)
+      if (addresses_[static_cast<size_t>(slot.output)] != slot.memory->data())
+        fail(graph_.source + ": the kernel of node '" +
+             graph_.nodes[static_cast<size_t>(graph_.value(slot.output).producer)].name + "' cannot update state '" +
+             slot.input_name + "' in place");
+  }
+
+  Tensor read_state(const std::string& input) const override {
+    const StateSlot* slot = state_of_input(input);
+    if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
+    return storage_to_tensor(slot->memory->data(), elem_of(slot->input), graph_.value(slot->input).meta.shape);
+  }
+
+ private:
+  struct StateSlot {
+    std::string input_name;
+    ValueId input = kNoValue, output = kNoValue;
+    std::shared_ptr<AlignedBuffer> memory;
+  };
+
+  const StateSlot* state_of_input(const std::string& name) const {
+    for (const StateSlot& slot : state_)
+      if (slot.input_name == name) return &slot;
+    return nullptr;
+  }
+  const StateSlot* state_of_output(ValueId id) const {
+    for (const StateSlot& slot : state_)
+      if (slot.output == id) return &slot;
+    return nullptr;
+  }
+
+  ValueId find_io(const std::vector<ValueId>& ids, const std::string& name, const char* what) const {
+    for (ValueId id : ids)
+      if (graph_.value(id).name == name) return id;
+    fail(graph_.source + ": no graph " + what + " named '" + name + "'");
+  }
+
+  // Frees the persistent buffer a state value had before it moved to the shared state memory.
+  void release_owned(std::byte* address) {
+    for (AlignedBuffer& owned : owned_)
+      if (address && owned.data() == address) {
+        owned_bytes_ -= owned.size();
+        owned = AlignedBuffer();
+        return;
+      }
+  }
+
+  // Inputs as check_inputs takes them, except that state inputs may be left out (the state stays as it is).
+  void copy_inputs_keeping_state(const std::map<std::string, Tensor>& inputs) {
+    for (const auto& [name, tensor] : inputs) find_io(graph_.inputs, name, "input");
+    for (ValueId id : graph_.inputs) {
+      const Value& value = graph_.value(id);
+      auto it = inputs.find(value.name);
+      if (it == inputs.end()) {
+        if (state_of_input(value.name)) continue;
+        fail("missing input '" + value.name + "' " + shape_string(value.meta.shape) + " " +
+             std::string(dtype_name(value.meta.dtype)));
+      }
+      const Tensor& tensor = it->second;
+      if (tensor.shape() != value.meta.shape)
+        fail("input '" + value.name + "' has shape " + shape_string(tensor.shape()) + ", the graph expects " +
+             shape_string(value.meta.shape));
+      if (reference_dtype(tensor.dtype()) != reference_dtype(value.meta.dtype))
+        fail("input '" + value.name + "' has dtype " + std::string(dtype_name(tensor.dtype())) +
+             ", the graph expects " + std::string(dtype_name(value.meta.dtype)));
+      const Buffer in = buffer(id);
+      tensor_to_storage(tensor.to_reference(), in.data, in.elem);
+    }
+  }
+
+  std::vector<StateSlot> state_;
+  size_t state_bytes_ = 0;  // state memory this program allocated (not counting memory shared from another)
+
   Graph graph_;
   compiler::MemoryPlan plan_;
   Elem floats_;
@@ -348,10 +486,10 @@ class CpuPreparedProgram final : public PreparedProgram {
   AlignedBuffer arena_;
   std::vector<AlignedBuffer> owned_;  // persistent buffers, outputs nobody reads, values moved out of the arena
   size_t owned_bytes_ = 0;
-  std::vector<Elem> elems_;             // by ValueId: how each value is stored
-  std::vector<Tensor> weights_;         // by ValueId, in storage form
-  std::vector<std::byte*> addresses_;   // by ValueId; unused for views
-  std::vector<ValueId> view_of_;        // by ValueId: the value a view aliases, or kNoValue
+  std::vector<Elem> elems_;            // by ValueId: how each value is stored
+  std::vector<Tensor> weights_;        // by ValueId, in storage form
+  std::vector<std::byte*> addresses_;  // by ValueId; unused for views
+  std::vector<ValueId> view_of_;       // by ValueId: the value a view aliases, or kNoValue
   std::vector<PreparedKernel> kernels_;
   std::vector<KernelTiming> timings_;
   bool profiling_ = false;

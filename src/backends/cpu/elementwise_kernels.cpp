@@ -45,71 +45,121 @@ void apply_unary(const UnaryStep& s, const float* in, float* out, int64_t n) {
     case UnaryKind::Identity:
       if (in != out) std::copy(in, in + n, out);
       return;
-    case UnaryKind::Neg: return map(in, out, n, [](float x) { return -x; });
-    case UnaryKind::Abs: return map(in, out, n, [](float x) { return std::fabs(x); });
-    case UnaryKind::Sign: return map(in, out, n, [](float x) { return static_cast<float>((0 < x) - (x < 0)); });
-    case UnaryKind::Floor: return map(in, out, n, [](float x) { return std::floor(x); });
-    case UnaryKind::Ceil: return map(in, out, n, [](float x) { return std::ceil(x); });
-    case UnaryKind::Trunc: return map(in, out, n, [](float x) { return std::trunc(x); });
-    case UnaryKind::Round: return map(in, out, n, [](float x) { return std::nearbyint(x); });
-    case UnaryKind::Exp: return map(in, out, n, [](float x) { return std::exp(x); });
-    case UnaryKind::Log: return map(in, out, n, [](float x) { return std::log(x); });
-    case UnaryKind::Log2: return map(in, out, n, [](float x) { return std::log2(x); });
-    case UnaryKind::Log10: return map(in, out, n, [](float x) { return std::log10(x); });
-    case UnaryKind::Log1p: return map(in, out, n, [](float x) { return std::log1p(x); });
-    case UnaryKind::Expm1: return map(in, out, n, [](float x) { return std::expm1(x); });
-    case UnaryKind::Sqrt: return map(in, out, n, [](float x) { return std::sqrt(x); });
-    case UnaryKind::Rsqrt: return map(in, out, n, [](float x) { return 1.0f / std::sqrt(x); });
-    case UnaryKind::Reciprocal: return map(in, out, n, [](float x) { return 1.0f / x; });
-    case UnaryKind::Sin: return map(in, out, n, [](float x) { return std::sin(x); });
-    case UnaryKind::Cos: return map(in, out, n, [](float x) { return std::cos(x); });
-    case UnaryKind::Tan: return map(in, out, n, [](float x) { return std::tan(x); });
-    case UnaryKind::Atan: return map(in, out, n, [](float x) { return std::atan(x); });
-    case UnaryKind::Tanh: return map(in, out, n, [](float x) { return std::tanh(x); });
-    case UnaryKind::Sigmoid: return map(in, out, n, sigmoid);
-    case UnaryKind::Erf: return map(in, out, n, [](float x) { return std::erf(x); });
-    case UnaryKind::Relu: return map(in, out, n, [](float x) { return x < 0.0f ? 0.0f : x; });
-    case UnaryKind::Clamp: return map(in, out, n, [=](float x) { return clamp_float(x, p0, p1); });
+    case UnaryKind::Neg:
+      return map(in, out, n, [](float x) { return -x; });
+    case UnaryKind::Abs:
+      return map(in, out, n, [](float x) { return std::fabs(x); });
+    case UnaryKind::Sign:
+      return map(in, out, n, [](float x) { return static_cast<float>((0 < x) - (x < 0)); });
+    case UnaryKind::Floor:
+      return map(in, out, n, [](float x) { return std::floor(x); });
+    case UnaryKind::Ceil:
+      return map(in, out, n, [](float x) { return std::ceil(x); });
+    case UnaryKind::Trunc:
+      return map(in, out, n, [](float x) { return std::trunc(x); });
+    case UnaryKind::Round:
+      return map(in, out, n, [](float x) { return std::nearbyint(x); });
+    case UnaryKind::Exp:
+      return map(in, out, n, [](float x) { return std::exp(x); });
+    case UnaryKind::Log:
+      return map(in, out, n, [](float x) { return std::log(x); });
+    case UnaryKind::Log2:
+      return map(in, out, n, [](float x) { return std::log2(x); });
+    case UnaryKind::Log10:
+      return map(in, out, n, [](float x) { return std::log10(x); });
+    case UnaryKind::Log1p:
+      return map(in, out, n, [](float x) { return std::log1p(x); });
+    case UnaryKind::Expm1:
+      return map(in, out, n, [](float x) { return std::expm1(x); });
+    case UnaryKind::Sqrt:
+      return map(in, out, n, [](float x) { return std::sqrt(x); });
+    case UnaryKind::Rsqrt:
+      return map(in, out, n, [](float x) { return 1.0f / std::sqrt(x); });
+    case UnaryKind::Reciprocal:
+      return map(in, out, n, [](float x) { return 1.0f / x; });
+    case UnaryKind::Sin:
+      return map(in, out, n, [](float x) { return std::sin(x); });
+    case UnaryKind::Cos:
+      return map(in, out, n, [](float x) { return std::cos(x); });
+    case UnaryKind::Tan:
+      return map(in, out, n, [](float x) { return std::tan(x); });
+    case UnaryKind::Atan:
+      return map(in, out, n, [](float x) { return std::atan(x); });
+    case UnaryKind::Tanh:
+      return map(in, out, n, [](float x) { return std::tanh(x); });
+    case UnaryKind::Sigmoid:
+      return map(in, out, n, sigmoid);
+    case UnaryKind::Erf:
+      return map(in, out, n, [](float x) { return std::erf(x); });
+    case UnaryKind::Relu:
+      return map(in, out, n, [](float x) { return x < 0.0f ? 0.0f : x; });
+    case UnaryKind::Clamp:
+      return map(in, out, n, [=](float x) { return clamp_float(x, p0, p1); });
     case UnaryKind::GeluErf:
-      return map(in, out, n, [](float x) { return 0.5f * x * (1.0f + std::erf(x * (1.0f / std::numbers::sqrt2_v<float>))); });
+      return map(in, out, n,
+                 [](float x) { return 0.5f * x * (1.0f + std::erf(x * (1.0f / std::numbers::sqrt2_v<float>))); });
     case UnaryKind::GeluTanh:
       return map(in, out, n, [](float x) {
         const float inner = std::sqrt(2.0f / std::numbers::pi_v<float>) * (x + 0.044715f * x * x * x);
         return 0.5f * x * (1.0f + std::tanh(inner));
       });
-    case UnaryKind::Silu: return map(in, out, n, [](float x) { return x * sigmoid(x); });
-    case UnaryKind::Hardswish: return map(in, out, n, [](float x) { return x * relu6(x + 3.0f) / 6.0f; });
-    case UnaryKind::Hardsigmoid: return map(in, out, n, [](float x) { return relu6(x + 3.0f) / 6.0f; });
-    case UnaryKind::LeakyRelu: return map(in, out, n, [=](float x) { return x > 0.0f ? x : x * p0; });
+    case UnaryKind::Silu:
+      return map(in, out, n, [](float x) { return x * sigmoid(x); });
+    case UnaryKind::Hardswish:
+      return map(in, out, n, [](float x) { return x * relu6(x + 3.0f) / 6.0f; });
+    case UnaryKind::Hardsigmoid:
+      return map(in, out, n, [](float x) { return relu6(x + 3.0f) / 6.0f; });
+    case UnaryKind::LeakyRelu:
+      return map(in, out, n, [=](float x) { return x > 0.0f ? x : x * p0; });
     case UnaryKind::Elu:
       return map(in, out, n, [=](float x) { return x > 0.0f ? x * p1 : std::expm1(x * p2) * p0 * p1; });
     case UnaryKind::Softplus:
       return map(in, out, n, [=](float x) { return x * p0 > p1 ? x : std::log1p(std::exp(x * p0)) / p0; });
-    case UnaryKind::Mish: return map(in, out, n, [](float x) { return x * std::tanh(std::log1p(std::exp(x))); });
-    case UnaryKind::LogicalNot: return map(in, out, n, [](float x) { return x == 0.0f ? 1.0f : 0.0f; });
-    case UnaryKind::AddScalar: return map(in, out, n, [=](float x) { return x + p0; });
-    case UnaryKind::MulScalar: return map(in, out, n, [=](float x) { return x * p0; });
-    case UnaryKind::DivScalar: return map(in, out, n, [=](float x) { return x / p0; });
-    case UnaryKind::PowScalar: return map(in, out, n, [=](float x) { return pow_scalar(x, p0); });
+    case UnaryKind::Mish:
+      return map(in, out, n, [](float x) { return x * std::tanh(std::log1p(std::exp(x))); });
+    case UnaryKind::LogicalNot:
+      return map(in, out, n, [](float x) { return x == 0.0f ? 1.0f : 0.0f; });
+    case UnaryKind::AddScalar:
+      return map(in, out, n, [=](float x) { return x + p0; });
+    case UnaryKind::MulScalar:
+      return map(in, out, n, [=](float x) { return x * p0; });
+    case UnaryKind::DivScalar:
+      return map(in, out, n, [=](float x) { return x / p0; });
+    case UnaryKind::PowScalar:
+      return map(in, out, n, [=](float x) { return pow_scalar(x, p0); });
   }
 }
 
 std::optional<UnaryStep> unary_step(const std::string& op, const Attrs& attrs) {
   static const std::map<std::string, UnaryKind> kPlain = {
-      {"neg", UnaryKind::Neg},         {"abs", UnaryKind::Abs},
-      {"sign", UnaryKind::Sign},       {"floor", UnaryKind::Floor},
-      {"ceil", UnaryKind::Ceil},       {"trunc", UnaryKind::Trunc},
-      {"exp", UnaryKind::Exp},         {"log", UnaryKind::Log},
-      {"log2", UnaryKind::Log2},       {"log10", UnaryKind::Log10},
-      {"log1p", UnaryKind::Log1p},     {"expm1", UnaryKind::Expm1},
-      {"sqrt", UnaryKind::Sqrt},       {"rsqrt", UnaryKind::Rsqrt},
-      {"reciprocal", UnaryKind::Reciprocal}, {"sin", UnaryKind::Sin},
-      {"cos", UnaryKind::Cos},         {"tan", UnaryKind::Tan},
-      {"atan", UnaryKind::Atan},       {"tanh", UnaryKind::Tanh},
-      {"sigmoid", UnaryKind::Sigmoid}, {"erf", UnaryKind::Erf},
-      {"relu", UnaryKind::Relu},       {"silu", UnaryKind::Silu},
-      {"hardswish", UnaryKind::Hardswish}, {"hardsigmoid", UnaryKind::Hardsigmoid},
-      {"mish", UnaryKind::Mish},       {"logical_not", UnaryKind::LogicalNot},
+      {"neg", UnaryKind::Neg},
+      {"abs", UnaryKind::Abs},
+      {"sign", UnaryKind::Sign},
+      {"floor", UnaryKind::Floor},
+      {"ceil", UnaryKind::Ceil},
+      {"trunc", UnaryKind::Trunc},
+      {"exp", UnaryKind::Exp},
+      {"log", UnaryKind::Log},
+      {"log2", UnaryKind::Log2},
+      {"log10", UnaryKind::Log10},
+      {"log1p", UnaryKind::Log1p},
+      {"expm1", UnaryKind::Expm1},
+      {"sqrt", UnaryKind::Sqrt},
+      {"rsqrt", UnaryKind::Rsqrt},
+      {"reciprocal", UnaryKind::Reciprocal},
+      {"sin", UnaryKind::Sin},
+      {"cos", UnaryKind::Cos},
+      {"tan", UnaryKind::Tan},
+      {"atan", UnaryKind::Atan},
+      {"tanh", UnaryKind::Tanh},
+      {"sigmoid", UnaryKind::Sigmoid},
+      {"erf", UnaryKind::Erf},
+      {"relu", UnaryKind::Relu},
+      {"silu", UnaryKind::Silu},
+      {"hardswish", UnaryKind::Hardswish},
+      {"hardsigmoid", UnaryKind::Hardsigmoid},
+      {"mish", UnaryKind::Mish},
+      {"logical_not", UnaryKind::LogicalNot},
   };
   if (auto it = kPlain.find(op); it != kPlain.end()) return UnaryStep{it->second};
   if (op == "round") {
@@ -125,7 +175,8 @@ std::optional<UnaryStep> unary_step(const std::string& op, const Attrs& attrs) {
     if (approximate == "tanh") return UnaryStep{UnaryKind::GeluTanh};
     return std::nullopt;
   }
-  if (op == "leaky_relu") return UnaryStep{UnaryKind::LeakyRelu, static_cast<float>(attrs.get_float("negative_slope", 0.01))};
+  if (op == "leaky_relu")
+    return UnaryStep{UnaryKind::LeakyRelu, static_cast<float>(attrs.get_float("negative_slope", 0.01))};
   if (op == "elu")
     return UnaryStep{UnaryKind::Elu, static_cast<float>(attrs.get_float("alpha", 1.0)),
                      static_cast<float>(attrs.get_float("scale", 1.0)),
@@ -204,21 +255,36 @@ struct FloatBinary {
       case BinaryKind::Add:
         if (s == 1.0f) return zip(a, b, out, n, [](float x, float y) { return x + y; });
         return zip(a, b, out, n, [s](float x, float y) { return x + s * y; });
-      case BinaryKind::Mul: return zip(a, b, out, n, [](float x, float y) { return x * y; });
-      case BinaryKind::Div: return zip(a, b, out, n, [](float x, float y) { return x / y; });
-      case BinaryKind::DivTrunc: return zip(a, b, out, n, [](float x, float y) { return std::trunc(x / y); });
-      case BinaryKind::DivFloor: return zip(a, b, out, n, div_floor);
-      case BinaryKind::Remainder: return zip(a, b, out, n, remainder);
-      case BinaryKind::Fmod: return zip(a, b, out, n, [](float x, float y) { return std::fmod(x, y); });
-      case BinaryKind::Pow: return zip(a, b, out, n, pow_scalar);
-      case BinaryKind::Maximum: return zip(a, b, out, n, nan_max);
-      case BinaryKind::Minimum: return zip(a, b, out, n, nan_min);
-      case BinaryKind::Eq: return zip(a, b, out, n, [](float x, float y) { return x == y ? 1.0f : 0.0f; });
-      case BinaryKind::Ne: return zip(a, b, out, n, [](float x, float y) { return x != y ? 1.0f : 0.0f; });
-      case BinaryKind::Lt: return zip(a, b, out, n, [](float x, float y) { return x < y ? 1.0f : 0.0f; });
-      case BinaryKind::Le: return zip(a, b, out, n, [](float x, float y) { return x <= y ? 1.0f : 0.0f; });
-      case BinaryKind::Gt: return zip(a, b, out, n, [](float x, float y) { return x > y ? 1.0f : 0.0f; });
-      case BinaryKind::Ge: return zip(a, b, out, n, [](float x, float y) { return x >= y ? 1.0f : 0.0f; });
+      case BinaryKind::Mul:
+        return zip(a, b, out, n, [](float x, float y) { return x * y; });
+      case BinaryKind::Div:
+        return zip(a, b, out, n, [](float x, float y) { return x / y; });
+      case BinaryKind::DivTrunc:
+        return zip(a, b, out, n, [](float x, float y) { return std::trunc(x / y); });
+      case BinaryKind::DivFloor:
+        return zip(a, b, out, n, div_floor);
+      case BinaryKind::Remainder:
+        return zip(a, b, out, n, remainder);
+      case BinaryKind::Fmod:
+        return zip(a, b, out, n, [](float x, float y) { return std::fmod(x, y); });
+      case BinaryKind::Pow:
+        return zip(a, b, out, n, pow_scalar);
+      case BinaryKind::Maximum:
+        return zip(a, b, out, n, nan_max);
+      case BinaryKind::Minimum:
+        return zip(a, b, out, n, nan_min);
+      case BinaryKind::Eq:
+        return zip(a, b, out, n, [](float x, float y) { return x == y ? 1.0f : 0.0f; });
+      case BinaryKind::Ne:
+        return zip(a, b, out, n, [](float x, float y) { return x != y ? 1.0f : 0.0f; });
+      case BinaryKind::Lt:
+        return zip(a, b, out, n, [](float x, float y) { return x < y ? 1.0f : 0.0f; });
+      case BinaryKind::Le:
+        return zip(a, b, out, n, [](float x, float y) { return x <= y ? 1.0f : 0.0f; });
+      case BinaryKind::Gt:
+        return zip(a, b, out, n, [](float x, float y) { return x > y ? 1.0f : 0.0f; });
+      case BinaryKind::Ge:
+        return zip(a, b, out, n, [](float x, float y) { return x >= y ? 1.0f : 0.0f; });
       case BinaryKind::LogicalAnd:
         return zip(a, b, out, n, [](float x, float y) { return x != 0.0f && y != 0.0f ? 1.0f : 0.0f; });
       case BinaryKind::LogicalOr:
@@ -227,13 +293,18 @@ struct FloatBinary {
         return zip(a, b, out, n, [](float x, float y) { return (x != 0.0f) != (y != 0.0f) ? 1.0f : 0.0f; });
       case BinaryKind::BitAnd:
       case BinaryKind::BitOr:
-      case BinaryKind::BitXor: return;  // never planned for floats
+      case BinaryKind::BitXor:
+        return;  // never planned for floats
     }
   }
 };
 
-int64_t wrap_add(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b)); }
-int64_t wrap_mul(int64_t a, int64_t b) { return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b)); }
+int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
 
 bool has_int_kernel(BinaryKind kind) {
   switch (kind) {
@@ -242,8 +313,10 @@ bool has_int_kernel(BinaryKind kind) {
     case BinaryKind::DivFloor:
     case BinaryKind::Remainder:
     case BinaryKind::Fmod:
-    case BinaryKind::Pow: return false;
-    default: return true;
+    case BinaryKind::Pow:
+      return false;
+    default:
+      return true;
   }
 }
 
@@ -257,26 +330,40 @@ struct IntBinary {
     const int64_t* b = reversed ? in[0] : in[1];
     const int64_t s = alpha;
     switch (kind) {
-      case BinaryKind::Add: return zip(a, b, out, n, [s](int64_t x, int64_t y) { return wrap_add(x, wrap_mul(s, y)); });
-      case BinaryKind::Mul: return zip(a, b, out, n, wrap_mul);
-      case BinaryKind::Maximum: return zip(a, b, out, n, [](int64_t x, int64_t y) { return std::max(x, y); });
-      case BinaryKind::Minimum: return zip(a, b, out, n, [](int64_t x, int64_t y) { return std::min(x, y); });
-      case BinaryKind::Eq: return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x == y; });
-      case BinaryKind::Ne: return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x != y; });
-      case BinaryKind::Lt: return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x < y; });
-      case BinaryKind::Le: return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x <= y; });
-      case BinaryKind::Gt: return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x > y; });
-      case BinaryKind::Ge: return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x >= y; });
+      case BinaryKind::Add:
+        return zip(a, b, out, n, [s](int64_t x, int64_t y) { return wrap_add(x, wrap_mul(s, y)); });
+      case BinaryKind::Mul:
+        return zip(a, b, out, n, wrap_mul);
+      case BinaryKind::Maximum:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) { return std::max(x, y); });
+      case BinaryKind::Minimum:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) { return std::min(x, y); });
+      case BinaryKind::Eq:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x == y; });
+      case BinaryKind::Ne:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x != y; });
+      case BinaryKind::Lt:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x < y; });
+      case BinaryKind::Le:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x <= y; });
+      case BinaryKind::Gt:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x > y; });
+      case BinaryKind::Ge:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x >= y; });
       case BinaryKind::LogicalAnd:
         return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x != 0 && y != 0; });
       case BinaryKind::LogicalOr:
         return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return x != 0 || y != 0; });
       case BinaryKind::LogicalXor:
         return zip(a, b, out, n, [](int64_t x, int64_t y) -> int64_t { return (x != 0) != (y != 0); });
-      case BinaryKind::BitAnd: return zip(a, b, out, n, [](int64_t x, int64_t y) { return x & y; });
-      case BinaryKind::BitOr: return zip(a, b, out, n, [](int64_t x, int64_t y) { return x | y; });
-      case BinaryKind::BitXor: return zip(a, b, out, n, [](int64_t x, int64_t y) { return x ^ y; });
-      default: return;  // never planned for integers
+      case BinaryKind::BitAnd:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) { return x & y; });
+      case BinaryKind::BitOr:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) { return x | y; });
+      case BinaryKind::BitXor:
+        return zip(a, b, out, n, [](int64_t x, int64_t y) { return x ^ y; });
+      default:
+        return;  // never planned for integers
     }
   }
 };
@@ -293,14 +380,30 @@ struct IntUnary {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t v = x[i];
       switch (kind) {
-        case IntUnaryKind::Identity: out[i] = v; break;
-        case IntUnaryKind::Neg: out[i] = wrap_mul(v, -1); break;
-        case IntUnaryKind::Abs: out[i] = v < 0 ? wrap_mul(v, -1) : v; break;
-        case IntUnaryKind::Sign: out[i] = (0 < v) - (v < 0); break;
-        case IntUnaryKind::Relu: out[i] = std::max<int64_t>(v, 0); break;
-        case IntUnaryKind::LogicalNot: out[i] = v == 0; break;
-        case IntUnaryKind::BitNot: out[i] = ~v; break;
-        case IntUnaryKind::Clamp: out[i] = std::min(std::max(v, low), high); break;
+        case IntUnaryKind::Identity:
+          out[i] = v;
+          break;
+        case IntUnaryKind::Neg:
+          out[i] = wrap_mul(v, -1);
+          break;
+        case IntUnaryKind::Abs:
+          out[i] = v < 0 ? wrap_mul(v, -1) : v;
+          break;
+        case IntUnaryKind::Sign:
+          out[i] = (0 < v) - (v < 0);
+          break;
+        case IntUnaryKind::Relu:
+          out[i] = std::max<int64_t>(v, 0);
+          break;
+        case IntUnaryKind::LogicalNot:
+          out[i] = v == 0;
+          break;
+        case IntUnaryKind::BitNot:
+          out[i] = ~v;
+          break;
+        case IntUnaryKind::Clamp:
+          out[i] = std::min(std::max(v, low), high);
+          break;
       }
     }
   }
@@ -349,8 +452,7 @@ std::optional<Slots> resolve(const KernelContext& ctx, const std::vector<std::st
     }
   }
   const std::vector<TensorMeta> metas = input_metas(ctx);
-  slots.common =
-      ops::result_type(ops::slot_operands(std::span(sources).subspan(promote_from), metas));
+  slots.common = ops::result_type(ops::slot_operands(std::span(sources).subspan(promote_from), metas));
   return slots;
 }
 
@@ -419,12 +521,14 @@ KernelFactory unary(const std::string& op) {
   return [op](const KernelContext& ctx) -> std::optional<Kernel> {
     if (ctx.inputs.size() != 1) return std::nullopt;
     const Buffer& in = ctx.inputs[0];
-    const bool in_float = is_floating(in.meta.dtype) || is_floating(ctx.outputs[0].meta.dtype) || !has_int_reference(op);
+    const bool in_float =
+        is_floating(in.meta.dtype) || is_floating(ctx.outputs[0].meta.dtype) || !has_int_reference(op);
     if (in_float) {
       const std::optional<UnaryStep> step = unary_step(op, ctx.node.attrs);
       if (!step) return std::nullopt;
-      return planned<float>(ctx, {OperandSpec{&in}},
-                            [s = *step](const float* const* x, float* out, int64_t n) { apply_unary(s, x[0], out, n); });
+      return planned<float>(ctx, {OperandSpec{&in}}, [s = *step](const float* const* x, float* out, int64_t n) {
+        apply_unary(s, x[0], out, n);
+      });
     }
     const std::optional<IntUnaryKind> kind = int_unary(op, in.meta.dtype);
     if (!kind) return std::nullopt;
@@ -572,8 +676,7 @@ std::optional<Kernel> rope(const KernelContext& ctx) {
   const Buffer& x = ctx.inputs[0];
   const Buffer& out = ctx.outputs[0];
   const Shape& shape = out.meta.shape;
-  if (shape.empty() || x.meta.shape != shape || shape.back() % 2 != 0 || shape.back() > kMaxWidth)
-    return std::nullopt;
+  if (shape.empty() || x.meta.shape != shape || shape.back() % 2 != 0 || shape.back() > kMaxWidth) return std::nullopt;
   const int64_t width = shape.back();
   const Shape rows_shape(shape.begin(), shape.end() - 1);
   std::vector<std::vector<int64_t>> row_strides;
@@ -628,10 +731,10 @@ std::optional<Kernel> rope(const KernelContext& ctx) {
 
 void add_elementwise_kernels(KernelTable& table) {
   const std::vector<std::string> unary_ops = {
-      "exp",   "log",  "log2",  "log10", "log1p",       "expm1",       "sqrt", "rsqrt",     "reciprocal",
-      "sin",   "cos",  "tan",   "atan",  "tanh",        "sigmoid",     "erf",  "neg",       "abs",
-      "sign",  "floor", "ceil", "trunc", "round",       "logical_not", "bitwise_not", "relu", "hardtanh",
-      "gelu",  "silu", "hardswish", "hardsigmoid", "leaky_relu", "elu", "softplus", "mish"};
+      "exp",  "log",   "log2",      "log10",       "log1p",      "expm1",       "sqrt",        "rsqrt", "reciprocal",
+      "sin",  "cos",   "tan",       "atan",        "tanh",       "sigmoid",     "erf",         "neg",   "abs",
+      "sign", "floor", "ceil",      "trunc",       "round",      "logical_not", "bitwise_not", "relu",  "hardtanh",
+      "gelu", "silu",  "hardswish", "hardsigmoid", "leaky_relu", "elu",         "softplus",    "mish"};
   for (const std::string& op : unary_ops) table.add(op, unary(op));
 
   table.add("add", binary(BinaryKind::Add));

@@ -88,8 +88,8 @@ void linear_panels(const LinearPlan& p, ThreadPool& pool, const ScratchSpace& sc
                      .beta = p.bias ? 1.0f : 0.0f,
                      .max_threads = 1});
       for (int64_t i = 0; i < p.m; ++i)
-        from_float(c + i * cols, p.out.data + static_cast<size_t>(i * p.n + first) * elem_size(p.out.elem),
-                   p.out.elem, cols);
+        from_float(c + i * cols, p.out.data + static_cast<size_t>(i * p.n + first) * elem_size(p.out.elem), p.out.elem,
+                   cols);
     }
   });
 }
@@ -145,8 +145,10 @@ struct MatmulPlan {
 
 void run_matmul(const MatmulPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
   float* base = scratch.shared_as<float>();
-  const float* a = p.a_scratch < 0 ? p.a.as<const float>() : float_data(p.a.data, p.a.elem, p.a.numel(), base + p.a_scratch);
-  const float* b = p.b_scratch < 0 ? p.b.as<const float>() : float_data(p.b.data, p.b.elem, p.b.numel(), base + p.b_scratch);
+  const float* a =
+      p.a_scratch < 0 ? p.a.as<const float>() : float_data(p.a.data, p.a.elem, p.a.numel(), base + p.a_scratch);
+  const float* b =
+      p.b_scratch < 0 ? p.b.as<const float>() : float_data(p.b.data, p.b.elem, p.b.numel(), base + p.b_scratch);
   float* c = p.c_scratch < 0 ? p.out.as<float>() : base + p.c_scratch;
   const int64_t batches = static_cast<int64_t>(p.a_offsets.size());
   float beta = 0.0f;

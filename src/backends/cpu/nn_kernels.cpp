@@ -161,17 +161,22 @@ std::optional<Kernel> masked_softmax(const KernelContext& ctx) {
 
 double machine_epsilon(DType dtype) {
   switch (dtype) {
-    case DType::Float64: return std::numeric_limits<double>::epsilon();
-    case DType::Float16: return 0.0009765625;
-    case DType::BFloat16: return 0.0078125;
-    default: return std::numeric_limits<float>::epsilon();
+    case DType::Float64:
+      return std::numeric_limits<double>::epsilon();
+    case DType::Float16:
+      return 0.0009765625;
+    case DType::BFloat16:
+      return 0.0078125;
+    default:
+      return std::numeric_limits<float>::epsilon();
   }
 }
 
 int64_t normalized_size(const KernelContext& ctx) {
   const std::vector<int64_t> normalized = ctx.node.attrs.get_ints("normalized_shape");
   const Shape& x = ctx.inputs[0].meta.shape;
-  if (normalized.size() > x.size() || !std::equal(normalized.begin(), normalized.end(), x.end() - static_cast<int64_t>(normalized.size())))
+  if (normalized.size() > x.size() ||
+      !std::equal(normalized.begin(), normalized.end(), x.end() - static_cast<int64_t>(normalized.size())))
     return -1;
   return shape_numel(normalized);
 }
@@ -360,8 +365,8 @@ void for_planes(const PoolPlan& p, ThreadPool& pool, const ScratchSpace& scratch
   const int64_t in_plane = p.in[0] * p.in[1];
   for_lines(pool, p.planes, in_plane, [&](int64_t plane, int worker) {
     float* buffer = scratch.worker_as<float>(worker);
-    const float* x = float_data(p.x.data + static_cast<size_t>(plane * in_plane) * elem_size(p.x.elem), p.x.elem,
-                                in_plane, buffer);
+    const float* x =
+        float_data(p.x.data + static_cast<size_t>(plane * in_plane) * elem_size(p.x.elem), p.x.elem, in_plane, buffer);
     fn(x, plane, buffer + in_plane);
   });
 }
@@ -393,7 +398,8 @@ std::optional<Kernel> max_pool(const KernelContext& ctx) {
             }
           }
           y[oy * p.out[1] + ox] = best;
-          if (p.indices) store_int(p.indices->data, p.indices->elem, plane * out_plane + oy * p.out[1] + ox, best_index);
+          if (p.indices)
+            store_int(p.indices->data, p.indices->elem, plane * out_plane + oy * p.out[1] + ox, best_index);
         }
       store_line(y, p.y, plane * out_plane, 1, out_plane);
     });
@@ -508,8 +514,18 @@ void attend(const AttentionPlan& p, int64_t index, int64_t reads, float* scratch
   const float* v = operand(p.v, p.v_offsets[i], reads * Ev, cursor);
   float* scores = cursor;
   cursor += (L * reads + 15) / 16 * 16;
-  ops::gemm_f32({.m = L, .n = reads, .k = E, .a = q, .lda = E, .b = k, .ldb = E, .b_transposed = true, .c = scores,
-                 .ldc = reads, .alpha = p.scale_in_gemm ? p.scale : 1.0f, .max_threads = 1});
+  ops::gemm_f32({.m = L,
+                 .n = reads,
+                 .k = E,
+                 .a = q,
+                 .lda = E,
+                 .b = k,
+                 .ldb = E,
+                 .b_transposed = true,
+                 .c = scores,
+                 .ldc = reads,
+                 .alpha = p.scale_in_gemm ? p.scale : 1.0f,
+                 .max_threads = 1});
   for (int64_t row = 0; row < L; ++row) {
     float* s = scores + row * reads;
     if (!p.scale_in_gemm)
@@ -533,7 +549,15 @@ void attend(const AttentionPlan& p, int64_t index, int64_t reads, float* scratch
     softmax_line(s, reads, false, p.zero_masked_rows);
   }
   float* out = p.out.elem == Elem::F32 ? p.out.as<float>() + index * L * Ev : cursor;
-  ops::gemm_f32({.m = L, .n = Ev, .k = reads, .a = scores, .lda = reads, .b = v, .ldb = Ev, .c = out, .ldc = Ev,
+  ops::gemm_f32({.m = L,
+                 .n = Ev,
+                 .k = reads,
+                 .a = scores,
+                 .lda = reads,
+                 .b = v,
+                 .ldb = Ev,
+                 .c = out,
+                 .ldc = Ev,
                  .max_threads = 1});
   if (p.out.elem != Elem::F32)
     from_float(out, p.out.data + static_cast<size_t>(index * L * Ev) * elem_size(p.out.elem), p.out.elem, L * Ev);

@@ -81,9 +81,11 @@ KernelFactory reduction(Reduce kind) {
         float* results = converted + slab;
         for (int64_t o = begin; o < end; ++o) {
           const int64_t count = b.reduced * b.inner;
-          const float* x = float_data(in.data + static_cast<size_t>(o * count) * elem_size(in.elem), in.elem, count, converted);
+          const float* x =
+              float_data(in.data + static_cast<size_t>(o * count) * elem_size(in.elem), in.elem, count, converted);
           for (int64_t i = 0; i < b.inner; ++i)
-            results[i] = b.reduced == 0 ? (kind == Reduce::Mean ? NAN : 0.0f) : reduce_line(kind, x + i, b.reduced, b.inner);
+            results[i] =
+                b.reduced == 0 ? (kind == Reduce::Mean ? NAN : 0.0f) : reduce_line(kind, x + i, b.reduced, b.inner);
           from_float(results, out.data + static_cast<size_t>(o * b.inner) * elem_size(out.elem), out.elem, b.inner);
         }
       };

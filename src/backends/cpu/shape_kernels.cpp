@@ -41,7 +41,8 @@ void copy_elements(const std::byte* from, int64_t stride, std::byte* to, int64_t
       for (int64_t i = 0; i < count; ++i, from += step) std::memcpy(to + 4 * i, from, 4);
       return;
     default:
-      for (int64_t i = 0; i < count; ++i, from += step) std::memcpy(to + element * static_cast<size_t>(i), from, element);
+      for (int64_t i = 0; i < count; ++i, from += step)
+        std::memcpy(to + element * static_cast<size_t>(i), from, element);
       return;
   }
 }
@@ -263,8 +264,12 @@ std::optional<Kernel> pieces_along(const KernelContext& ctx, int64_t dim, bool d
   return kernel;
 }
 
-std::optional<Kernel> split(const KernelContext& ctx) { return pieces_along(ctx, ctx.node.attrs.get_int("dim", 0), false); }
-std::optional<Kernel> unbind(const KernelContext& ctx) { return pieces_along(ctx, ctx.node.attrs.get_int("dim", 0), true); }
+std::optional<Kernel> split(const KernelContext& ctx) {
+  return pieces_along(ctx, ctx.node.attrs.get_int("dim", 0), false);
+}
+std::optional<Kernel> unbind(const KernelContext& ctx) {
+  return pieces_along(ctx, ctx.node.attrs.get_int("dim", 0), true);
+}
 
 // ---- cat / stack: each input is [outer, part * inner] rows placed side by side in the output ----
 

