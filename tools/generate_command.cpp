@@ -363,6 +363,7 @@ int generate_command(const std::vector<std::string>& argv) {
     fail("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
          std::to_string(session.context()) + " (--ctx; at most max_position_embeddings " +
          std::to_string(model.config().max_position_embeddings) + ")");
+  session.prepare(static_cast<int64_t>(prompt.size()));
   GenerationStats stats;
   std::vector<int32_t> context_tokens;
   if (request.max_tokens == 0) {
@@ -432,6 +433,7 @@ int chat_command(const std::vector<std::string>& argv) {
     }
     session.rewind(static_cast<int64_t>(common));
     context_tokens.resize(common);
+    session.prepare(static_cast<int64_t>(prompt.size() - common));
     GenerationStats stats;
     const std::string reply = generate(session, sampler, tokenizer, std::span(prompt).subspan(common), request,
                                        context_tokens, stats);

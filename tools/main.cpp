@@ -21,6 +21,7 @@ commands:
   passes   list the compiler passes (each can be switched off with --disable NAME)
   verify   compare two safetensors files tensor by tensor (Pearson r, top-5, argmax, max |diff|)
   ops      list the supported ATen ops and the canonical op each maps to
+  kernel   compile a user kernel from a JSON spec and run it (kernel run SPEC.json)
   generate generate text from a Hugging Face model directory (--model DIR --prompt TEXT)
   chat     talk with a model interactively; the conversation and its KV cache persist between turns
 )";
@@ -43,6 +44,7 @@ int main(int argc, char** argv) {
     if (command == "inspect") return npusim::cli::inspect_command(args);
     if (command == "passes") return npusim::cli::passes_command(args);
     if (command == "bisect") return npusim::cli::bisect_command(args);
+    if (command == "kernel") return npusim::cli::kernel_command(args);
     if (command == "bench") return npusim::cli::bench_command(args);
     if (command == "generate") return npusim::cli::generate_command(args);
     if (command == "chat") return npusim::cli::chat_command(args);

@@ -17,8 +17,7 @@ int ops_command(const std::vector<std::string>& argv) {
     std::printf("usage: npusim ops [--target T] [--markdown]\n%s", args.usage().c_str());
     return args.positionals().empty() ? 0 : 2;
   }
-  std::vector<BackendCoverage> backends;
-  for (const std::string& name : coverage_backend_names()) backends.push_back(backend_coverage(name));
+  const std::vector<BackendCoverage> backends = builtin_coverages();
   if (args.flag("markdown")) {
     if (args.value("target")) fail("npusim ops: --markdown documents the backends; leave out --target");
     std::fputs(coverage_markdown(backends).c_str(), stdout);

@@ -107,8 +107,8 @@ int run_command(const std::vector<std::string>& argv) {
     timed([&] { return prepared.run(inputs); });
     path_label = target.name + " on " + target.backend + ", " + std::string(dtype_name(program.compute_dtype));
     if (partitions > 1)
-      path_label += ", " + std::to_string(partitions) + " partitions, " + std::to_string(fallback_nodes) +
-                    " nodes on the fallback " + target.fallback;
+      path_label += ", " + std::to_string(partitions) + " partitions, " + std::to_string(fallback_nodes) + " of " +
+                    std::to_string(program.graph.nodes.size()) + " nodes on the fallback " + target.fallback;
     char line[160];
     std::snprintf(line, sizeof line, "memory: planned %.2f MB, allocated %.2f MB\n", prepared.planned_bytes() / 1e6,
                   prepared.allocated_bytes() / 1e6);

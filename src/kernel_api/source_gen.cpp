@@ -34,8 +34,7 @@ class SourceWriter {
   int line_ = 1;
 };
 
-constexpr const char* kCpuPreamble = R"(#include <atomic>
-#include <cmath>
+constexpr const char* kCpuPreamble = R"(#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -120,16 +119,39 @@ template <class T>
 struct atomic {
   T value;
 };
-#define NPUSIM_ATOMIC_OPS(T)                                                                  \
-  inline void atomic_add(atomic<T>* slot, T value) {                                        \
-    std::atomic_ref<T>(slot->value).fetch_add(value, std::memory_order_relaxed);            \
-  }                                                                                         \
-  inline T atomic_load(atomic<T>* slot) { return std::atomic_ref<T>(slot->value).load(); } \
-  inline void atomic_store(atomic<T>* slot, T value) { std::atomic_ref<T>(slot->value).store(value); }
-NPUSIM_ATOMIC_OPS(float)
-NPUSIM_ATOMIC_OPS(double)
-NPUSIM_ATOMIC_OPS(int32_t)
-NPUSIM_ATOMIC_OPS(int64_t)
+// Compiler atomics rather than <atomic>, which takes a second to include. Floats add by compare-and-swap.
+#define NPUSIM_INTEGER_ATOMIC_OPS(T)                                                                        \
+  inline void atomic_add(atomic<T>* slot, T value) { __atomic_fetch_add(&slot->value, value, __ATOMIC_RELAXED); } \
+  inline T atomic_load(atomic<T>* slot) { return __atomic_load_n(&slot->value, __ATOMIC_SEQ_CST); }              \
+  inline void atomic_store(atomic<T>* slot, T value) { __atomic_store_n(&slot->value, value, __ATOMIC_SEQ_CST); }
+#define NPUSIM_FLOAT_ATOMIC_OPS(T, Bits)                                                                      \
+  inline void atomic_add(atomic<T>* slot, T value) {                                                          \
+    Bits* bits = reinterpret_cast<Bits*>(&slot->value);                                                       \
+    Bits expected = __atomic_load_n(bits, __ATOMIC_RELAXED);                                                  \
+    for (;;) {                                                                                                \
+      T current;                                                                                              \
+      std::memcpy(&current, &expected, sizeof current);                                                       \
+      const T sum = current + value;                                                                          \
+      Bits desired;                                                                                           \
+      std::memcpy(&desired, &sum, sizeof desired);                                                            \
+      if (__atomic_compare_exchange_n(bits, &expected, desired, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) return; \
+    }                                                                                                         \
+  }                                                                                                           \
+  inline T atomic_load(atomic<T>* slot) {                                                                     \
+    const Bits bits = __atomic_load_n(reinterpret_cast<Bits*>(&slot->value), __ATOMIC_SEQ_CST);              \
+    T value;                                                                                                  \
+    std::memcpy(&value, &bits, sizeof value);                                                                 \
+    return value;                                                                                             \
+  }                                                                                                           \
+  inline void atomic_store(atomic<T>* slot, T value) {                                                        \
+    Bits bits;                                                                                                \
+    std::memcpy(&bits, &value, sizeof bits);                                                                  \
+    __atomic_store_n(reinterpret_cast<Bits*>(&slot->value), bits, __ATOMIC_SEQ_CST);                          \
+  }
+NPUSIM_FLOAT_ATOMIC_OPS(float, uint32_t)
+NPUSIM_FLOAT_ATOMIC_OPS(double, uint64_t)
+NPUSIM_INTEGER_ATOMIC_OPS(int32_t)
+NPUSIM_INTEGER_ATOMIC_OPS(int64_t)
 
 template <class A, class B>
 constexpr std::common_type_t<A, B> min(A a, B b) {

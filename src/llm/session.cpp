@@ -79,6 +79,7 @@ class Session::Engine {
   virtual ~Engine() = default;
   // Runs `tokens` at cache positions start.. and returns the logits after the last one.
   virtual std::vector<float> forward(std::span<const int32_t> tokens, int64_t start) = 0;
+  virtual void prepare(int64_t) {}
   virtual Tensor cache(int64_t index) const = 0;
   virtual int64_t cache_count() const = 0;
   virtual int64_t context() const = 0;
@@ -118,6 +119,14 @@ class NativeEngine final : public Session::Engine {
       done += static_cast<size_t>(size);
     }
     return logits;
+  }
+
+  void prepare(int64_t tokens) override {
+    for (int64_t done = 0; done < tokens;) {
+      const int64_t size = step_size(tokens - done);
+      program(size);
+      done += size;
+    }
   }
 
   Tensor cache(int64_t index) const override {
@@ -395,6 +404,8 @@ std::vector<float> Session::feed(std::span<const int32_t> tokens) {
   position_ += count;
   return logits;
 }
+
+void Session::prepare(int64_t tokens) { engine_->prepare(std::min(tokens, context())); }
 
 void Session::rewind(int64_t position) {
   if (position < 0 || position > position_)

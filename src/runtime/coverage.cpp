@@ -233,6 +233,12 @@ BackendCoverage backend_coverage(const std::string& backend) {
   return coverage;
 }
 
+std::vector<BackendCoverage> builtin_coverages() {
+  std::vector<BackendCoverage> coverages;
+  for (const std::string& name : coverage_backend_names()) coverages.push_back(backend_coverage(name));
+  return coverages;
+}
+
 std::string format_coverage_table(const std::vector<BackendCoverage>& backends, const compiler::Target* target) {
   std::string text = "backends:\n";
   char line[512];
@@ -257,7 +263,8 @@ std::string format_coverage_table(const std::vector<BackendCoverage>& backends, 
     std::snprintf(line, sizeof line, " %-12s", backend.backend.c_str());
     text += line;
   }
-  if (target) text += " " + target->name;
+  if (target) text.append(" ").append(target->name);
+  while (!text.empty() && text.back() == ' ') text.pop_back();
   text += "\n";
   for (const OpDef* def : OpRegistry::instance().all()) {
     std::snprintf(line, sizeof line, "%-26s", def->name.c_str());

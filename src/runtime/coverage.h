@@ -56,6 +56,8 @@ BackendCoverage parse_coverage(const std::string& json_text, const std::string& 
 // reference for the rest) and "reference" (the registry's reference implementations, fp32 storage only).
 BackendCoverage backend_coverage(const std::string& backend);
 std::vector<std::string> coverage_backend_names();
+// The coverage of every built-in backend, in coverage_backend_names() order.
+std::vector<BackendCoverage> builtin_coverages();
 
 // The table `npusim ops` prints: a row per registry op, a column per backend ("kernel": a dedicated kernel,
 // "generic": the backend's generic kernel), and with a target, where the target runs each op.

