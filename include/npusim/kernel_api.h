@@ -49,8 +49,8 @@ struct KernelSource {
   std::string name;
   std::vector<std::string> inputs;
   std::vector<std::string> outputs;
-  std::string body;    // statements run by each thread
-  std::string header;  // declarations before the kernel: helper functions, structs
+  std::string body;             // statements run by each thread
+  std::string header;           // declarations before the kernel: helper functions, structs
   bool atomic_outputs = false;  // outputs are atomic<T>*, updated with atomic_add / atomic_store
   // Launch bound compiled into the kernel (CUDA __launch_bounds__); 0: the device's own limit.
   int64_t max_threads_per_threadgroup = 0;

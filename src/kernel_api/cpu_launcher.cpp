@@ -51,8 +51,8 @@ std::string compiler() {
 }
 
 const std::vector<std::string>& compiler_flags() {
-  static const std::vector<std::string> flags = {"-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
-                                                 "-fvisibility-inlines-hidden"};
+  static const std::vector<std::string> flags = {
+      "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-fvisibility-inlines-hidden"};
   return flags;
 }
 
@@ -141,7 +141,8 @@ std::shared_ptr<CpuModule> build_module(const Plan& plan, const GeneratedSource&
     if (error) {
       remove_quietly(temporary_source);
       remove_quietly(temporary_library);
-      fail(plan.label() + ": cannot store the compiled kernel in " + base.parent_path().string() + ": " + error.message());
+      fail(plan.label() + ": cannot store the compiled kernel in " + base.parent_path().string() + ": " +
+           error.message());
     }
     std::string problem;
     auto module = open_module(plan, library_path, source, &problem);
@@ -182,7 +183,8 @@ void no_barrier(void*) {}
 // in that group (as an exited CUDA thread does), so a thread that returns early never blocks the others.
 class TeamBarrier {
  public:
-  TeamBarrier(int size, std::vector<unsigned char>& shared_memory) : size_(size), active_(size), shared_(shared_memory) {}
+  TeamBarrier(int size, std::vector<unsigned char>& shared_memory)
+      : size_(size), active_(size), shared_(shared_memory) {}
 
   void wait() {
     std::unique_lock lock(mutex_);
@@ -335,13 +337,15 @@ std::string cpu_generated_source(const Plan& plan) { return generate_cpu_source(
 void launch_cpu(const Plan& plan, std::vector<Tensor>& tensors, const ScalarBytes& scalars) {
   const GeneratedSource source = generate_cpu_source(plan);
   if (plan.verbose)
-    std::cerr << "--- " << plan.label() << ": generated source ---\n" << source.text << "--- end of " << plan.label() << " ---\n";
+    std::cerr << "--- " << plan.label() << ": generated source ---\n"
+              << source.text << "--- end of " << plan.label() << " ---\n";
   const std::shared_ptr<CpuModule> module = build_module(plan, source);
 
   const int64_t threads = plan.threads_per_threadgroup();
   if (threads > module->max_threads)
-    fail(plan.label() + ": a threadgroup of " + std::to_string(threads) + " threads exceeds the compiled kernel's limit of " +
-         std::to_string(module->max_threads) + " threads per threadgroup");
+    fail(plan.label() + ": a threadgroup of " + std::to_string(threads) +
+         " threads exceeds the compiled kernel's limit of " + std::to_string(module->max_threads) +
+         " threads per threadgroup");
   if (plan.shared_memory_bytes > kCpuMaxSharedMemoryBytes)
     fail(plan.label() + ": " + std::to_string(plan.shared_memory_bytes) +
          " bytes of shared memory exceed the device limit of " + std::to_string(kCpuMaxSharedMemoryBytes) +

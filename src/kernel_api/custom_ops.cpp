@@ -103,7 +103,8 @@ ReferenceFn kernel_reference(const CustomOp& op) {
       arguments[scalar] = value;
     }
     for (const std::string& scalar : scalar_names)
-      if (!call.scalars.count(scalar)) fail(where + ": the launch function gives no value for scalar input '" + scalar + "'");
+      if (!call.scalars.count(scalar))
+        fail(where + ": the launch function gives no value for scalar input '" + scalar + "'");
     call.config.outputs.clear();
     for (size_t o = 0; o < outputs.size(); ++o)
       call.config.outputs[kernel->source().outputs[o]] = {outputs[o].shape, reference_dtype(outputs[o].dtype)};

@@ -19,7 +19,8 @@ Tensor fresh_output(const Param& param, const std::optional<double>& init_value,
     std::memset(bytes, 0xff, tensor.nbytes());
     return tensor;
   }
-  const auto value = detail::encode_value(param.dtype, *init_value, label + ": init_value for output '" + param.name + "',");
+  const auto value =
+      detail::encode_value(param.dtype, *init_value, label + ": init_value for output '" + param.name + "',");
   const size_t size = dtype_size(param.dtype);
   for (int64_t i = 0; i < tensor.numel(); ++i) std::memcpy(bytes + static_cast<size_t>(i) * size, value.data(), size);
   return tensor;

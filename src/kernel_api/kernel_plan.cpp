@@ -31,20 +31,20 @@ namespace {
 const std::set<std::string>& reserved_names() {
   static const std::set<std::string> names = {
       "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
-      "threads_per_threadgroup", "threads_per_grid", "threadgroups_per_grid", "shared_memory",
-      "threadgroup_barrier", "kernel_assert", "atomic", "atomic_add", "atomic_load", "atomic_store", "half",
-      "bfloat16", "uint3", "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t",
-      "size_t", "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize", "printf", "min", "max", "std",
+      "threads_per_threadgroup", "threads_per_grid", "threadgroups_per_grid", "shared_memory", "threadgroup_barrier",
+      "kernel_assert", "atomic", "atomic_add", "atomic_load", "atomic_store", "half", "bfloat16", "uint3", "int8_t",
+      "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t", "size_t", "threadIdx", "blockIdx",
+      "blockDim", "gridDim", "warpSize", "printf", "min", "max", "std",
       // C++ keywords
-      "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch",
-      "char", "char8_t", "char16_t", "char32_t", "class", "compl", "concept", "const", "consteval", "constexpr",
-      "constinit", "const_cast", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete",
-      "do", "double", "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for",
-      "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq",
-      "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "register", "reinterpret_cast",
-      "requires", "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct",
-      "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename",
-      "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq"};
+      "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch", "char",
+      "char8_t", "char16_t", "char32_t", "class", "compl", "concept", "const", "consteval", "constexpr", "constinit",
+      "const_cast", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete", "do", "double",
+      "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for", "friend", "goto", "if",
+      "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq", "nullptr", "operator", "or",
+      "or_eq", "private", "protected", "public", "register", "reinterpret_cast", "requires", "return", "short",
+      "signed", "sizeof", "static", "static_assert", "static_cast", "struct", "switch", "template", "this",
+      "thread_local", "throw", "true", "try", "typedef", "typeid", "typename", "union", "unsigned", "using", "virtual",
+      "void", "volatile", "wchar_t", "while", "xor", "xor_eq"};
   return names;
 }
 
@@ -94,16 +94,26 @@ bool mentions(const std::string& text, const std::string& word) {
 
 const char* type_name(DType dtype) {
   switch (dtype) {
-    case DType::Float32: return "float";
-    case DType::Float64: return "double";
-    case DType::Float16: return "half";
-    case DType::BFloat16: return "bfloat16";
-    case DType::Int8: return "int8_t";
-    case DType::Int16: return "int16_t";
-    case DType::Int32: return "int32_t";
-    case DType::Int64: return "int64_t";
-    case DType::UInt8: return "uint8_t";
-    case DType::Bool: return "bool";
+    case DType::Float32:
+      return "float";
+    case DType::Float64:
+      return "double";
+    case DType::Float16:
+      return "half";
+    case DType::BFloat16:
+      return "bfloat16";
+    case DType::Int8:
+      return "int8_t";
+    case DType::Int16:
+      return "int16_t";
+    case DType::Int32:
+      return "int32_t";
+    case DType::Int64:
+      return "int64_t";
+    case DType::UInt8:
+      return "uint8_t";
+    case DType::Bool:
+      return "bool";
   }
   return "?";
 }
@@ -111,8 +121,8 @@ const char* type_name(DType dtype) {
 std::array<std::byte, 8> encode_value(DType dtype, const std::variant<double, int64_t>& value,
                                       const std::string& what) {
   std::array<std::byte, 8> bytes{};
-  const double number = std::holds_alternative<double>(value) ? std::get<double>(value)
-                                                              : static_cast<double>(std::get<int64_t>(value));
+  const double number =
+      std::holds_alternative<double>(value) ? std::get<double>(value) : static_cast<double>(std::get<int64_t>(value));
   auto store = [&](auto typed) { std::memcpy(bytes.data(), &typed, sizeof typed); };
   auto integer = [&](int64_t low, int64_t high) {
     int64_t whole = 0;
@@ -129,23 +139,41 @@ std::array<std::byte, 8> encode_value(DType dtype, const std::variant<double, in
     return whole;
   };
   switch (dtype) {
-    case DType::Float32: store(static_cast<float>(number)); break;
-    case DType::Float64: store(number); break;
-    case DType::Float16: store(float_to_fp16(static_cast<float>(number))); break;
-    case DType::BFloat16: store(float_to_bf16(static_cast<float>(number))); break;
-    case DType::Int8: store(static_cast<int8_t>(integer(INT8_MIN, INT8_MAX))); break;
-    case DType::Int16: store(static_cast<int16_t>(integer(INT16_MIN, INT16_MAX))); break;
-    case DType::Int32: store(static_cast<int32_t>(integer(INT32_MIN, INT32_MAX))); break;
-    case DType::Int64: store(integer(INT64_MIN, INT64_MAX)); break;
-    case DType::UInt8: store(static_cast<uint8_t>(integer(0, UINT8_MAX))); break;
-    case DType::Bool: store(static_cast<uint8_t>(integer(0, 1))); break;
+    case DType::Float32:
+      store(static_cast<float>(number));
+      break;
+    case DType::Float64:
+      store(number);
+      break;
+    case DType::Float16:
+      store(float_to_fp16(static_cast<float>(number)));
+      break;
+    case DType::BFloat16:
+      store(float_to_bf16(static_cast<float>(number)));
+      break;
+    case DType::Int8:
+      store(static_cast<int8_t>(integer(INT8_MIN, INT8_MAX)));
+      break;
+    case DType::Int16:
+      store(static_cast<int16_t>(integer(INT16_MIN, INT16_MAX)));
+      break;
+    case DType::Int32:
+      store(static_cast<int32_t>(integer(INT32_MIN, INT32_MAX)));
+      break;
+    case DType::Int64:
+      store(integer(INT64_MIN, INT64_MAX));
+      break;
+    case DType::UInt8:
+      store(static_cast<uint8_t>(integer(0, UINT8_MAX)));
+      break;
+    case DType::Bool:
+      store(static_cast<uint8_t>(integer(0, 1)));
+      break;
   }
   return bytes;
 }
 
-std::string Plan::label() const {
-  return "kernel '" + source->name + "' (" + std::string(device_name(device)) + ")";
-}
+std::string Plan::label() const { return "kernel '" + source->name + "' (" + std::string(device_name(device)) + ")"; }
 
 bool Plan::uses_dtype(DType dtype) const {
   for (const Param& param : params)
@@ -250,8 +278,8 @@ Plan make_plan(const KernelSource& source, const std::map<std::string, Argument>
       param.dtype = tensor->dtype();
       param.shape = tensor->shape();
       if (spec != config.outputs.end() && (spec->second.shape != param.shape || spec->second.dtype != param.dtype))
-        fail(label + ": output '" + name + "' is bound to a " + std::string(dtype_name(param.dtype)) + " tensor of shape " +
-             shape_string(param.shape) + " but LaunchConfig::outputs says " +
+        fail(label + ": output '" + name + "' is bound to a " + std::string(dtype_name(param.dtype)) +
+             " tensor of shape " + shape_string(param.shape) + " but LaunchConfig::outputs says " +
              std::string(dtype_name(spec->second.dtype)) + " " + shape_string(spec->second.shape));
     } else {
       param.dtype = spec->second.dtype;

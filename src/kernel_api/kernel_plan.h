@@ -69,11 +69,11 @@ struct SlotStorage {
   struct Dims {
     int64_t values[kMaxDims];
   };
-  std::vector<void*> pointers;       // Data slots: address of a data pointer (or of the scalar's bytes)
-  std::vector<void*> data;           // per param: the data pointer the kernel gets (host or device)
+  std::vector<void*> pointers;                    // Data slots: address of a data pointer (or of the scalar's bytes)
+  std::vector<void*> data;                        // per param: the data pointer the kernel gets (host or device)
   std::vector<std::array<std::byte, 8>> scalars;  // per param
-  std::vector<Dims> dims;            // per slot (Shape and Strides slots)
-  std::vector<int32_t> ndims;        // per slot (Ndim slots)
+  std::vector<Dims> dims;                         // per slot (Shape and Strides slots)
+  std::vector<int32_t> ndims;                     // per slot (Ndim slots)
 };
 // Fills `storage` so that storage.pointers[i] points at slot i's value. `data[p]` is param p's tensor data pointer.
 void fill_slots(const Plan& plan, std::vector<void*> data, const std::vector<std::array<std::byte, 8>>& scalars,

@@ -1,9 +1,8 @@
 #include "kernel_api/kernel_spec_json.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "kernel_api/kernel_cache.h"
@@ -23,10 +22,23 @@ class SpecReader {
 
   KernelSpec read(const json& root) {
     if (!root.is_object()) fail(source_ + ": a kernel spec must be a JSON object");
-    static const std::set<std::string> known = {
-        "name",  "inputs",    "outputs",     "source",              "header",     "atomic_outputs",
-        "max_threads_per_threadgroup", "arguments", "output_specs", "grid", "blocks", "threadgroup",
-        "shared_memory_bytes", "init_value", "template", "device", "verbose"};
+    static const std::set<std::string> known = {"name",
+                                                "inputs",
+                                                "outputs",
+                                                "source",
+                                                "header",
+                                                "atomic_outputs",
+                                                "max_threads_per_threadgroup",
+                                                "arguments",
+                                                "output_specs",
+                                                "grid",
+                                                "blocks",
+                                                "threadgroup",
+                                                "shared_memory_bytes",
+                                                "init_value",
+                                                "template",
+                                                "device",
+                                                "verbose"};
     for (const auto& [key, value] : root.items())
       if (!known.count(key)) fail(source_ + ": unknown key '" + key + "'");
     KernelSpec spec;
@@ -48,7 +60,8 @@ class SpecReader {
         spec.config.outputs[name] = {shape(value, where), dtype(value, where)};
       }
     }
-    if (root.contains("grid") && root.contains("blocks")) fail(source_ + ": give 'grid' (threads) or 'blocks', not both");
+    if (root.contains("grid") && root.contains("blocks"))
+      fail(source_ + ": give 'grid' (threads) or 'blocks', not both");
     if (!root.contains("grid") && !root.contains("blocks")) fail(source_ + ": missing 'grid' (threads per dimension)");
     const auto threadgroup = triple(root, "threadgroup", true);
     spec.config.threadgroup = {threadgroup[0], threadgroup[1], threadgroup[2]};
@@ -151,7 +164,8 @@ class SpecReader {
   }
 
   Shape shape(const json& entry, const std::string& where) {
-    if (!entry.contains("shape") || !entry["shape"].is_array()) fail(source_ + ": '" + where + ".shape' must be a list");
+    if (!entry.contains("shape") || !entry["shape"].is_array())
+      fail(source_ + ": '" + where + ".shape' must be a list");
     Shape result;
     for (const json& d : entry["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0)

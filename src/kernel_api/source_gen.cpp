@@ -289,9 +289,15 @@ std::string parameter_list(const Plan& plan, const std::string& indent) {
         else
           declaration = type + "* " + param.name;
         break;
-      case SlotKind::Shape: declaration = "const npusim_dims " + param.name + "_shape"; break;
-      case SlotKind::Strides: declaration = "const npusim_dims " + param.name + "_strides"; break;
-      case SlotKind::Ndim: declaration = "const int " + param.name + "_ndim"; break;
+      case SlotKind::Shape:
+        declaration = "const npusim_dims " + param.name + "_shape";
+        break;
+      case SlotKind::Strides:
+        declaration = "const npusim_dims " + param.name + "_strides";
+        break;
+      case SlotKind::Ndim:
+        declaration = "const int " + param.name + "_ndim";
+        break;
     }
     text += indent + declaration + ",\n";
   }
@@ -311,8 +317,10 @@ std::string cpu_slot_load(const Plan& plan, size_t s) {
       if (plan.source->atomic_outputs) return "*static_cast<atomic<" + type + ">* const*>(" + source + ")";
       return "*static_cast<" + type + "* const*>(" + source + ")";
     case SlotKind::Shape:
-    case SlotKind::Strides: return "*static_cast<const npusim_dims*>(" + source + ")";
-    case SlotKind::Ndim: return "*static_cast<const int32_t*>(" + source + ")";
+    case SlotKind::Strides:
+      return "*static_cast<const npusim_dims*>(" + source + ")";
+    case SlotKind::Ndim:
+      return "*static_cast<const int32_t*>(" + source + ")";
   }
   return "";
 }
@@ -367,19 +375,21 @@ GeneratedSource generate_cpu_source(const Plan& plan) {
     generated.header_first_line = out.next_line();
     generated.header_lines = out.add_user_code(source.header);
   }
-  out.add("\nstatic void npusim_body(\n" + parameter_list(plan, "    ") +
-          "    const uint3 thread_position_in_grid, const uint3 thread_position_in_threadgroup,\n"
-          "    const uint3 threadgroup_position_in_grid, const uint3 threads_per_threadgroup,\n"
-          "    const uint3 threads_per_grid, const uint3 threadgroups_per_grid, unsigned char* const shared_memory) {\n");
+  out.add(
+      "\nstatic void npusim_body(\n" + parameter_list(plan, "    ") +
+      "    const uint3 thread_position_in_grid, const uint3 thread_position_in_threadgroup,\n"
+      "    const uint3 threadgroup_position_in_grid, const uint3 threads_per_threadgroup,\n"
+      "    const uint3 threads_per_grid, const uint3 threadgroups_per_grid, unsigned char* const shared_memory) {\n");
   generated.body_first_line = out.next_line();
   generated.body_lines = out.add_user_code(source.body);
   out.add("}\n\n");
 
-  const int64_t bound = source.max_threads_per_threadgroup > 0 ? std::min<int64_t>(source.max_threads_per_threadgroup, 1024)
-                                                               : 1024;
+  const int64_t bound =
+      source.max_threads_per_threadgroup > 0 ? std::min<int64_t>(source.max_threads_per_threadgroup, 1024) : 1024;
   out.add("NPUSIM_EXPORT int npusim_cpu_abi_version() { return " + std::to_string(kCpuAbiVersion) + "; }\n");
   out.add("NPUSIM_EXPORT unsigned npusim_max_threads_per_threadgroup() { return " + std::to_string(bound) + "; }\n\n");
-  out.add("NPUSIM_EXPORT void npusim_run(const npusim_cpu_launch* npusim_launch, const npusim_cpu_call* npusim_call) {\n");
+  out.add(
+      "NPUSIM_EXPORT void npusim_run(const npusim_cpu_launch* npusim_launch, const npusim_cpu_call* npusim_call) {\n");
   out.add("  npusim_launch_now = npusim_launch;\n  npusim_call_now = npusim_call;\n");
   std::string arguments;
   for (size_t s = 0; s < plan.slots.size(); ++s) {
@@ -466,8 +476,8 @@ std::string explain_compile_errors(const Plan& plan, const GeneratedSource& sour
     const std::string message = match[2].str();
     undeclared = undeclared || message.find("not declared") != std::string::npos ||
                  message.find("is undefined") != std::string::npos;
-    explained += "  " + source.describe_line(number) + ": error: " + message + "\n      " +
-                 source.line_text(number) + "\n";
+    explained +=
+        "  " + source.describe_line(number) + ": error: " + message + "\n      " + source.line_text(number) + "\n";
   }
   std::string text = plan.label() + ": the generated source does not compile:\n" + explained;
   if (undeclared) text += "  names the body can use besides the built-ins: " + declared_names(plan) + "\n";

@@ -10,22 +10,22 @@ namespace npusim::kernels::detail {
 
 // The ABI between the CPU launcher and a compiled CPU kernel, as C structs. The generated source embeds the same
 // text, so both sides always agree; kCpuAbiVersion changes whenever the entry points change.
-#define NPUSIM_CPU_ABI_STRUCTS                                                                                    \
-  struct npusim_cpu_launch {                                                                                     \
-    void* const* params;                                                                                         \
-    unsigned grid[3];                                                                                            \
-    unsigned group[3];                                                                                           \
-    unsigned groups[3];                                                                                          \
-    void (*barrier)(void* team);                                                                                 \
-    void (*assert_failed)(void* state, int line, unsigned x, unsigned y, unsigned z);                            \
-    void* assert_state;                                                                                          \
-  };                                                                                                             \
-  struct npusim_cpu_call {                                                                                       \
-    unsigned group[3];                                                                                           \
-    unsigned first_thread;                                                                                       \
-    unsigned thread_count;                                                                                       \
-    unsigned char* shared_memory;                                                                                \
-    void* team;                                                                                                  \
+#define NPUSIM_CPU_ABI_STRUCTS                                                        \
+  struct npusim_cpu_launch {                                                          \
+    void* const* params;                                                              \
+    unsigned grid[3];                                                                 \
+    unsigned group[3];                                                                \
+    unsigned groups[3];                                                               \
+    void (*barrier)(void* team);                                                      \
+    void (*assert_failed)(void* state, int line, unsigned x, unsigned y, unsigned z); \
+    void* assert_state;                                                               \
+  };                                                                                  \
+  struct npusim_cpu_call {                                                            \
+    unsigned group[3];                                                                \
+    unsigned first_thread;                                                            \
+    unsigned thread_count;                                                            \
+    unsigned char* shared_memory;                                                     \
+    void* team;                                                                       \
   };
 NPUSIM_CPU_ABI_STRUCTS
 constexpr int kCpuAbiVersion = 1;

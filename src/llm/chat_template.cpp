@@ -1,5 +1,6 @@
 #include "llm/chat_template.h"
 
+#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <string_view>
@@ -202,6 +203,32 @@ std::string render_chatml(const ChatTemplate& chat_template, const std::vector<C
   return out;
 }
 
+// Python's json.dumps(text, ensure_ascii=False): Llama 3.1+ templates pass tool results through tojson, and a
+// string is iterable in Jinja, so string results arrive quoted.
+std::string json_quoted(std::string_view text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char escaped[8];
+          std::snprintf(escaped, sizeof(escaped), "\\u%04x", c);
+          out += escaped;
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
 std::string llama3_turn(std::string_view role, std::string_view content) {
   std::string turn;
   turn.append(kHeaderStart).append(role).append(kHeaderEnd).append("\n\n").append(content).append(kEotId);
@@ -226,7 +253,7 @@ std::string render_llama3(const ChatTemplate& chat_template, const std::vector<C
     for (size_t i = first; i < messages.size(); ++i) {
       const ChatMessage& message = messages[i];
       if (message.role == "tool" || message.role == "ipython")
-        out += llama3_turn("ipython", message.content);
+        out += llama3_turn("ipython", json_quoted(message.content));
       else
         out += llama3_turn(message.role, python_strip(message.content));
     }

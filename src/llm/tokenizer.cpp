@@ -306,7 +306,9 @@ class TokenizerReader {
       } else {
         field_error(source_, field, "must be \"left right\" or [\"left\", \"right\"], got " + entry.dump());
       }
-      state_.bpe.add_merge(vocab_id(left, field), vocab_id(right, field), vocab_id(left + right, field));
+      const int32_t left_id = vocab_id(left, field);
+      const int32_t right_id = vocab_id(right, field);
+      state_.bpe.add_merge(left_id, right_id, vocab_id(left + right, field));
     }
   }
 

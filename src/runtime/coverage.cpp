@@ -216,20 +216,38 @@ BackendCoverage parse_coverage(const std::string& json_text, const std::string& 
   return coverage;
 }
 
+BackendCoverage coverage_from_capabilities(const BackendCapabilities& capabilities) {
+  BackendCoverage coverage;
+  coverage.backend = capabilities.name;
+  coverage.compute_dtypes = capabilities.compute_dtypes;
+  for (const OpDef* def : OpRegistry::instance().all()) {
+    OpCoverage op = op_named(def->name);
+    op.kernel = capabilities.has_kernel(def->name);
+    if (op.kernel || capabilities.reference_fallback) coverage.ops[def->name] = std::move(op);
+  }
+  return coverage;
+}
+
 BackendCoverage backend_coverage(const std::string& backend) {
   auto it = kBuiltinCoverage.find(backend);
   if (it == kBuiltinCoverage.end()) {
-    std::string names;
-    for (const std::string& name : coverage_backend_names()) names += (names.empty() ? "" : ", ") + name;
-    fail("unknown backend '" + backend + "' (backends: " + names + ")");
+    std::unique_ptr<Backend> made;
+    try {
+      made = make_backend(backend);
+    } catch (const Error&) {
+      std::string names;
+      for (const std::string& name : coverage_backend_names()) names += (names.empty() ? "" : ", ") + name;
+      fail("unknown backend '" + backend + "' (backends: " + names + ")");
+    }
+    return coverage_from_capabilities(made->capabilities());
   }
   BackendCoverage coverage = parse_coverage(it->second, "built-in coverage of '" + backend + "'");
-  if (backend == "cpu") {
-    for (const std::string& op : make_backend("cpu")->capabilities().ops)
-      if (auto found = coverage.ops.find(op); found != coverage.ops.end()) found->second.kernel = true;
-  } else if (backend == "reference") {
+  if (backend == "reference") {
     for (auto& [name, op] : coverage.ops) op.kernel = true;  // its kernels are the reference implementations
+    return coverage;
   }
+  const BackendCapabilities capabilities = make_backend(backend)->capabilities();
+  for (auto& [name, op] : coverage.ops) op.kernel = capabilities.has_kernel(name);
   return coverage;
 }
 

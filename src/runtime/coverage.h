@@ -22,6 +22,8 @@
 
 namespace npusim {
 
+struct BackendCapabilities;
+
 struct AttrRange {
   std::string name;
   double min = -std::numeric_limits<double>::infinity();
@@ -52,9 +54,12 @@ struct BackendCoverage {
 
 BackendCoverage parse_coverage(const std::string& json_text, const std::string& source);
 
-// Built-in backends: "cpu" (every registry op: its kernels, and the generic kernel that runs the registry's
-// reference for the rest) and "reference" (the registry's reference implementations, fp32 storage only).
+// Declared here: "cpu" (every registry op: its kernels, and the generic kernel that runs the registry's reference
+// for the rest) and "reference" (the registry's reference implementations, fp32 storage only). Any other backend
+// that make_backend knows covers what its capabilities say (its kernels, every registry op when it has the
+// reference fallback), without dtype or attribute limits until it declares them here.
 BackendCoverage backend_coverage(const std::string& backend);
+BackendCoverage coverage_from_capabilities(const BackendCapabilities& capabilities);
 std::vector<std::string> coverage_backend_names();
 // The coverage of every built-in backend, in coverage_backend_names() order.
 std::vector<BackendCoverage> builtin_coverages();

@@ -10,7 +10,8 @@
 
 namespace npusim {
 
-// Times are microseconds from the start of the run.
+// Times are microseconds from the start of the run. Backends report how long each kernel took, not when it
+// started: a kernel's start is its partition's start plus the durations of the kernels before it.
 struct KernelRecord {
   std::string node;
   std::string op;

@@ -26,10 +26,12 @@ std::filesystem::path work_folder() {
 
 TEST(KernelApiCuda, LaunchErrorIsReportedAtTheLaunch) {
   // More threadgroups in y than a CUDA grid holds (65535): the driver refuses the launch itself.
-  const Kernel kernel({.name = "too_many_rows", .inputs = {}, .outputs = {"out"},
-                       .body = "out[0] = 1.0f;\n"});
-  expect_error([&] { kernel({}, launch(Grid{1, 70000, 1}, ThreadGroup{1, 1, 1}, {{"out", {{1}, DType::Float32}}})); },
-               {"kernel 'too_many_rows' (cuda)", "the launch", "70000", "failed", "CUDA_ERROR_INVALID_VALUE"});
+  const Kernel kernel({.name = "too_many_rows", .inputs = {}, .outputs = {"out"}, .body = "out[0] = 1.0f;\n"});
+  expect_error(
+      [&] {
+        kernel({}, launch(Grid{1, 70000, 1}, ThreadGroup{1, 1, 1}, {{"out", {{1}, DType::Float32}}}));
+      },
+      {"kernel 'too_many_rows' (cuda)", "the launch", "70000", "failed", "CUDA_ERROR_INVALID_VALUE"});
   // The error does not spoil the context: the next launch runs.
   const Tensor out = kernel({}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"out", {{1}, DType::Float32}}}))[0];
   EXPECT_EQ(out.data<float>()[0], 1.0f);
@@ -38,7 +40,9 @@ TEST(KernelApiCuda, LaunchErrorIsReportedAtTheLaunch) {
 TEST(KernelApiCuda, FaultIsReportedAtSynchronization) {
   // An illegal address poisons the CUDA context for good, so it runs in a child process of its own.
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const Kernel kernel({.name = "wild_write", .inputs = {}, .outputs = {"out"},
+  const Kernel kernel({.name = "wild_write",
+                       .inputs = {},
+                       .outputs = {"out"},
                        .body = "reinterpret_cast<float*>(16)[thread_position_in_grid.x] = 1.0f;\nout[0] = 1.0f;\n"});
   EXPECT_EXIT(
       {
@@ -50,8 +54,9 @@ TEST(KernelApiCuda, FaultIsReportedAtSynchronization) {
         }
         std::_Exit(4);
       },
-      testing::ExitedWithCode(3), "kernel 'wild_write' \\(cuda\\): the kernel failed while running \\(reported at "
-                                  "synchronization\\): CUDA_ERROR_ILLEGAL_ADDRESS");
+      testing::ExitedWithCode(3),
+      "kernel 'wild_write' \\(cuda\\): the kernel failed while running \\(reported at "
+      "synchronization\\): CUDA_ERROR_ILLEGAL_ADDRESS");
 }
 
 TEST(KernelApiCuda, CubinDiskCache) {
@@ -59,7 +64,9 @@ TEST(KernelApiCuda, CubinDiskCache) {
   std::filesystem::create_directories(folder);
   const std::string old = std::getenv("NPUSIM_CACHE_DIR") ? std::getenv("NPUSIM_CACHE_DIR") : "";
   setenv("NPUSIM_CACHE_DIR", folder.c_str(), 1);
-  const Kernel kernel({.name = "cubin_cached", .inputs = {}, .outputs = {"out"},
+  const Kernel kernel({.name = "cubin_cached",
+                       .inputs = {},
+                       .outputs = {"out"},
                        .body = "out[thread_position_in_grid.x] = 5 * thread_position_in_grid.x;\n"});
   const LaunchConfig config = launch(Grid{9, 1, 1}, ThreadGroup{4, 1, 1}, {{"out", {{9}, DType::Int32}}});
   auto check = [](const Tensor& out) {
@@ -81,12 +88,15 @@ TEST(KernelApiCuda, CubinDiskCache) {
 
 TEST(KernelApiCuda, StaticSharedMemoryCountsAgainstTheLimit) {
   // 40 KiB the kernel declares itself plus 200 KiB asked at launch: over any current GPU's per-block limit.
-  const Kernel kernel({.name = "static_shared", .inputs = {}, .outputs = {"out"},
+  const Kernel kernel({.name = "static_shared",
+                       .inputs = {},
+                       .outputs = {"out"},
                        .body = "__shared__ float table[10240];\ntable[thread_position_in_threadgroup.x] = 1.0f;\n"
                                "shared_memory[0] = 1;\nout[0] = table[0] + shared_memory[0];\n"});
   LaunchConfig config = launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"out", {{1}, DType::Float32}}});
   config.shared_memory_bytes = 200 * 1024;
-  expect_error([&] { kernel({}, config); }, {"kernel 'static_shared' (cuda)", "plus 40960 the kernel declares", "device limit"});
+  expect_error([&] { kernel({}, config); },
+               {"kernel 'static_shared' (cuda)", "plus 40960 the kernel declares", "device limit"});
   // Within the limit, dynamic shared memory past the default 48 KiB is opted into.
   config.shared_memory_bytes = 100 * 1024;
   const Tensor out = kernel({}, config)[0];

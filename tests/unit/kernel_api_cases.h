@@ -60,7 +60,9 @@ const std::vector<int64_t> kSizes = {1, 100, 1000, 1 << 20};  // < one group of 
 // ---- write the thread index ----
 
 TEST(KernelApi, WritesThreadIndex) {
-  const Kernel kernel({.name = "thread_index", .inputs = {}, .outputs = {"out"},
+  const Kernel kernel({.name = "thread_index",
+                       .inputs = {},
+                       .outputs = {"out"},
                        .body = "out[thread_position_in_grid.x] = thread_position_in_grid.x;\n"});
   for (int64_t n : kSizes) {
     SCOPED_TRACE("n = " + std::to_string(n));
@@ -77,14 +79,16 @@ TEST(KernelApi, WritesThreadIndex) {
 
 TEST(KernelApi, ThreadsPastTheGridDoNotRun) {
   // 10 threads in groups of 4: the third group has 2 threads past the grid, which must not write.
-  const Kernel kernel({.name = "past_grid", .inputs = {}, .outputs = {"out"},
-                       .body = "out[thread_position_in_grid.x] = 1.0f;\n"});
+  const Kernel kernel(
+      {.name = "past_grid", .inputs = {}, .outputs = {"out"}, .body = "out[thread_position_in_grid.x] = 1.0f;\n"});
   const Tensor out = kernel({}, launch(Grid{10, 1, 1}, ThreadGroup{4, 1, 1}, {{"out", {{12}, DType::Float32}}}))[0];
   for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(out.data<float>()[i], i < 10 ? 1.0f : kSentinel) << i;
 }
 
 TEST(KernelApi, PositionsInThreeDimensions) {
-  const Kernel kernel({.name = "positions_3d", .inputs = {}, .outputs = {"global", "local", "group", "sizes"},
+  const Kernel kernel({.name = "positions_3d",
+                       .inputs = {},
+                       .outputs = {"global", "local", "group", "sizes"},
                        .body = R"(const uint3 p = thread_position_in_grid;
 const int64_t i = (int64_t(p.z) * threads_per_grid.y + p.y) * threads_per_grid.x + p.x;
 global[i] = p.x + 10 * p.y + 100 * p.z;
@@ -111,14 +115,16 @@ sizes[i] = threads_per_threadgroup.x + 10 * threads_per_threadgroup.y + 100 * th
 // ---- vector add, scalar multiply, dtypes ----
 
 TEST(KernelApi, VectorAdd) {
-  const Kernel kernel({.name = "vector_add", .inputs = {"a", "b"}, .outputs = {"out"},
+  const Kernel kernel({.name = "vector_add",
+                       .inputs = {"a", "b"},
+                       .outputs = {"out"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\nout[i] = a[i] + b[i];\n"});
   for (int64_t n : kSizes) {
     SCOPED_TRACE("n = " + std::to_string(n));
     const Tensor a = float_tensor({n}, [](int64_t i) { return 0.5f * static_cast<float>(i % 1000); });
     const Tensor b = float_tensor({n}, [](int64_t i) { return 3.0f - static_cast<float>(i % 77); });
-    const Tensor out =
-        kernel({{"a", a}, {"b", b}}, launch(Grid{n, 1, 1}, ThreadGroup{256, 1, 1}, {{"out", {{n}, DType::Float32}}}))[0];
+    const Tensor out = kernel({{"a", a}, {"b", b}},
+                              launch(Grid{n, 1, 1}, ThreadGroup{256, 1, 1}, {{"out", {{n}, DType::Float32}}}))[0];
     int64_t wrong = 0;
     for (int64_t i = 0; i < n; ++i) wrong += out.data<float>()[i] != 0.5f * (i % 1000) + 3.0f - (i % 77);
     EXPECT_EQ(wrong, 0);
@@ -126,7 +132,9 @@ TEST(KernelApi, VectorAdd) {
 }
 
 TEST(KernelApi, MultiplyByScalarArgument) {
-  const Kernel kernel({.name = "scale", .inputs = {"x", "factor"}, .outputs = {"out"},
+  const Kernel kernel({.name = "scale",
+                       .inputs = {"x", "factor"},
+                       .outputs = {"out"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\nout[i] = x[i] * factor;\n"});
   for (int64_t n : kSizes) {
     SCOPED_TRACE("n = " + std::to_string(n));
@@ -146,7 +154,9 @@ TEST(KernelApi, MultiplyByScalarArgument) {
 }
 
 TEST(KernelApi, HalfAndBfloat16) {
-  const Kernel kernel({.name = "add_16bit", .inputs = {"a", "b"}, .outputs = {"out", "wide"},
+  const Kernel kernel({.name = "add_16bit",
+                       .inputs = {"a", "b"},
+                       .outputs = {"out", "wide"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\nout[i] = a[i] + b[i];\n"
                                "wide[i] = float(a[i]) * 2.0f;\n"});
   const int64_t n = 1000;
@@ -158,9 +168,9 @@ TEST(KernelApi, HalfAndBfloat16) {
     auto b_value = [](int64_t i) { return static_cast<float>(i % 5) - 2.0f; };
     const Tensor a = make_tensor<uint16_t>(dtype, {n}, [&](int64_t i) { return encode(a_value(i)); });
     const Tensor b = make_tensor<uint16_t>(dtype, {n}, [&](int64_t i) { return encode(b_value(i)); });
-    const std::vector<Tensor> out = kernel(
-        {{"a", a}, {"b", b}},
-        launch(Grid{n, 1, 1}, ThreadGroup{128, 1, 1}, {{"out", {{n}, dtype}}, {"wide", {{n}, DType::Float32}}}));
+    const std::vector<Tensor> out =
+        kernel({{"a", a}, {"b", b}},
+               launch(Grid{n, 1, 1}, ThreadGroup{128, 1, 1}, {{"out", {{n}, dtype}}, {"wide", {{n}, DType::Float32}}}));
     ASSERT_EQ(out[0].dtype(), dtype);
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(decode(out[0].data<uint16_t>()[i]), a_value(i) + b_value(i)) << i;
@@ -170,13 +180,18 @@ TEST(KernelApi, HalfAndBfloat16) {
 }
 
 TEST(KernelApi, IntegerAndBoolDtypes) {
-  const Kernel kernel({.name = "int_types", .inputs = {"small", "bytes"}, .outputs = {"sum", "positive"},
+  const Kernel kernel({.name = "int_types",
+                       .inputs = {"small", "bytes"},
+                       .outputs = {"sum", "positive"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\n"
                                "sum[i] = int32_t(small[i]) * 1000 + bytes[i];\npositive[i] = small[i] > 0;\n"});
   const int64_t n = 300;
-  const Tensor small = make_tensor<int8_t>(DType::Int8, {n}, [](int64_t i) { return static_cast<int8_t>(i % 256 - 128); });
-  const Tensor bytes = make_tensor<uint8_t>(DType::UInt8, {n}, [](int64_t i) { return static_cast<uint8_t>(i * 7 % 256); });
-  LaunchConfig config = launch(Grid{n, 1, 1}, ThreadGroup{64, 1, 1}, {{"sum", {{n}, DType::Int32}}, {"positive", {{n}, DType::Bool}}});
+  const Tensor small =
+      make_tensor<int8_t>(DType::Int8, {n}, [](int64_t i) { return static_cast<int8_t>(i % 256 - 128); });
+  const Tensor bytes =
+      make_tensor<uint8_t>(DType::UInt8, {n}, [](int64_t i) { return static_cast<uint8_t>(i * 7 % 256); });
+  LaunchConfig config =
+      launch(Grid{n, 1, 1}, ThreadGroup{64, 1, 1}, {{"sum", {{n}, DType::Int32}}, {"positive", {{n}, DType::Bool}}});
   config.init_value = 0;  // a bool holds 0 or 1
   const std::vector<Tensor> out = kernel({{"small", small}, {"bytes", bytes}}, config);
   for (int64_t i = 0; i < n; ++i) {
@@ -186,7 +201,9 @@ TEST(KernelApi, IntegerAndBoolDtypes) {
 }
 
 TEST(KernelApi, TemplateTypesAndConstants) {
-  const Kernel kernel({.name = "templated", .inputs = {}, .outputs = {"out"},
+  const Kernel kernel({.name = "templated",
+                       .inputs = {},
+                       .outputs = {"out"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\n"
                                "out[i] = NEGATE ? -T(i * SCALE) / T(4) : T(i * SCALE) / T(4);\n"});
   LaunchConfig config = launch(Grid{50, 1, 1}, ThreadGroup{16, 1, 1}, {{"out", {{50}, DType::Float64}}});
@@ -201,7 +218,9 @@ TEST(KernelApi, TemplateTypesAndConstants) {
 }
 
 TEST(KernelApi, ShapeStridesAndRankNames) {
-  const Kernel kernel({.name = "shape_names", .inputs = {"a"}, .outputs = {"out"},
+  const Kernel kernel({.name = "shape_names",
+                       .inputs = {"a"},
+                       .outputs = {"out"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\n"
                                "out[i] = a_ndim * 1000 + a_shape[i] * 10 + a_strides[i] + out_shape[0] * 100000;\n"});
   const Tensor a = float_tensor({2, 3, 4}, [](int64_t) { return 0.0f; });
@@ -212,7 +231,9 @@ TEST(KernelApi, ShapeStridesAndRankNames) {
 }
 
 TEST(KernelApi, HeaderFunctions) {
-  const Kernel kernel({.name = "with_header", .inputs = {"x"}, .outputs = {"out"},
+  const Kernel kernel({.name = "with_header",
+                       .inputs = {"x"},
+                       .outputs = {"out"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\nout[i] = cube(x[i]) + offset();\n",
                        .header = "inline float cube(float v) { return v * v * v; }\n"
                                  "inline float offset() { return 0.25f; }\n"});
@@ -228,7 +249,9 @@ TEST(KernelApi, HeaderFunctions) {
 // ---- reduction with block shared memory, atomics ----
 
 TEST(KernelApi, BlockReductionInSharedMemory) {
-  const Kernel kernel({.name = "block_sum", .inputs = {"x"}, .outputs = {"sums"},
+  const Kernel kernel({.name = "block_sum",
+                       .inputs = {"x"},
+                       .outputs = {"sums"},
                        .body = R"(float* partial = reinterpret_cast<float*>(shared_memory);
 const uint32_t local = thread_position_in_threadgroup.x;
 const uint32_t i = thread_position_in_grid.x;
@@ -245,20 +268,23 @@ if (local == 0) sums[threadgroup_position_in_grid.x] = partial[0];
     SCOPED_TRACE("n = " + std::to_string(n));
     const int64_t groups = round_up(n, kGroup) / kGroup;
     const Tensor x = float_tensor({n}, [](int64_t i) { return static_cast<float>(i % 13) - 6.0f; });
-    LaunchConfig config = launch(Grid{round_up(n, kGroup), 1, 1}, ThreadGroup{kGroup, 1, 1},
-                                 {{"sums", {{groups}, DType::Float32}}});
+    LaunchConfig config =
+        launch(Grid{round_up(n, kGroup), 1, 1}, ThreadGroup{kGroup, 1, 1}, {{"sums", {{groups}, DType::Float32}}});
     config.shared_memory_bytes = kGroup * 4;
     const Tensor sums = kernel({{"x", x}}, config)[0];
     for (int64_t g = 0; g < groups; ++g) {
       float expected = 0;
-      for (int64_t i = g * kGroup; i < std::min(n, (g + 1) * kGroup); ++i) expected += static_cast<float>(i % 13) - 6.0f;
+      for (int64_t i = g * kGroup; i < std::min(n, (g + 1) * kGroup); ++i)
+        expected += static_cast<float>(i % 13) - 6.0f;
       ASSERT_EQ(sums.data<float>()[g], expected) << "group " << g;
     }
   }
 }
 
 TEST(KernelApi, AtomicSum) {
-  const Kernel kernel({.name = "atomic_sum", .inputs = {"x"}, .outputs = {"total", "count"},
+  const Kernel kernel({.name = "atomic_sum",
+                       .inputs = {"x"},
+                       .outputs = {"total", "count"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\n"
                                "atomic_add(&total[0], x[i]);\natomic_add(&count[i % 3], int64_t(1));\n",
                        .atomic_outputs = true});
@@ -277,7 +303,9 @@ TEST(KernelApi, AtomicSum) {
 }
 
 TEST(KernelApi, AtomicStoreAndLoad) {
-  const Kernel kernel({.name = "atomic_store_load", .inputs = {}, .outputs = {"f", "d", "i", "l"},
+  const Kernel kernel({.name = "atomic_store_load",
+                       .inputs = {},
+                       .outputs = {"f", "d", "i", "l"},
                        .body = R"(const uint32_t t = thread_position_in_grid.x;
 atomic_store(&f[t], float(t));
 atomic_add(&f[t], atomic_load(&f[t]));
@@ -291,8 +319,10 @@ atomic_add(&l[t], atomic_load(&l[t]));
                        .atomic_outputs = true});
   const int64_t n = 300;
   const std::vector<Tensor> out = kernel({}, launch(Grid{n, 1, 1}, ThreadGroup{128, 1, 1},
-                                                    {{"f", {{n}, DType::Float32}}, {"d", {{n}, DType::Float64}},
-                                                     {"i", {{n}, DType::Int32}}, {"l", {{n}, DType::Int64}}}));
+                                                    {{"f", {{n}, DType::Float32}},
+                                                     {"d", {{n}, DType::Float64}},
+                                                     {"i", {{n}, DType::Int32}},
+                                                     {"l", {{n}, DType::Int64}}}));
   for (int64_t t = 0; t < n; ++t) {
     EXPECT_EQ(out[0].data<float>()[t], 2.0f * t) << t;
     EXPECT_EQ(out[1].data<double>()[t], 1.0 * t) << t;
@@ -325,7 +355,9 @@ void expect_matmul(const Tensor& a, const Tensor& b, const Tensor& c) {
 }
 
 TEST(KernelApi, MatrixMultiply) {
-  const Kernel kernel({.name = "matmul", .inputs = {"a", "b"}, .outputs = {"c"},
+  const Kernel kernel({.name = "matmul",
+                       .inputs = {"a", "b"},
+                       .outputs = {"c"},
                        .body = R"(const uint32_t col = thread_position_in_grid.x, row = thread_position_in_grid.y;
 const int64_t K = a_shape[1], N = b_shape[1];
 float acc = 0.0f;
@@ -342,7 +374,9 @@ c[row * N + col] = acc;
 }
 
 TEST(KernelApi, TiledMatrixMultiplyWithBarriers) {
-  const Kernel kernel({.name = "matmul_tiled", .inputs = {"a", "b"}, .outputs = {"c"},
+  const Kernel kernel({.name = "matmul_tiled",
+                       .inputs = {"a", "b"},
+                       .outputs = {"c"},
                        .body = R"(float* tile_a = reinterpret_cast<float*>(shared_memory);
 float* tile_b = tile_a + TILE * TILE;
 const uint32_t tx = thread_position_in_threadgroup.x, ty = thread_position_in_threadgroup.y;
@@ -362,8 +396,8 @@ if (row < M && col < N) c[row * N + col] = acc;
   for (const MatmulCase& size : kMatmulSizes) {
     SCOPED_TRACE(std::to_string(size.m) + "x" + std::to_string(size.k) + "x" + std::to_string(size.n));
     const Tensor a = matrix(size.m, size.k, 3), b = matrix(size.k, size.n, 4);
-    LaunchConfig config = launch(Grid{round_up(size.n, kTile), round_up(size.m, kTile), 1}, ThreadGroup{kTile, kTile, 1},
-                                 {{"c", {{size.m, size.n}, DType::Float32}}});
+    LaunchConfig config = launch(Grid{round_up(size.n, kTile), round_up(size.m, kTile), 1},
+                                 ThreadGroup{kTile, kTile, 1}, {{"c", {{size.m, size.n}, DType::Float32}}});
     config.shared_memory_bytes = 2 * kTile * kTile * 4;
     config.template_args = {{"TILE", kTile}};
     expect_matmul(a, b, kernel({{"a", a}, {"b", b}}, config)[0]);
@@ -373,8 +407,11 @@ if (row < M && col < N) c[row * N + col] = acc;
 // ---- in-place update ----
 
 TEST(KernelApi, InPlaceUpdate) {
-  const Kernel kernel({.name = "in_place", .inputs = {"delta"}, .outputs = {"buffer"},
-                       .body = "const uint32_t i = thread_position_in_grid.x;\nbuffer[i] = buffer[i] * 2.0f + delta[i];\n"});
+  const Kernel kernel(
+      {.name = "in_place",
+       .inputs = {"delta"},
+       .outputs = {"buffer"},
+       .body = "const uint32_t i = thread_position_in_grid.x;\nbuffer[i] = buffer[i] * 2.0f + delta[i];\n"});
   for (int64_t n : kSizes) {
     SCOPED_TRACE("n = " + std::to_string(n));
     Tensor buffer = float_tensor({n}, [](int64_t i) { return static_cast<float>(i % 50); });
@@ -390,10 +427,13 @@ TEST(KernelApi, InPlaceUpdate) {
 
 TEST(KernelApi, FreshOutputsWithoutInitValueAreNotZero) {
   // Elements the kernel skips keep the 0xff fill: NaN for floats, -1 for integers.
-  const Kernel kernel({.name = "writes_evens", .inputs = {}, .outputs = {"f", "i"},
+  const Kernel kernel({.name = "writes_evens",
+                       .inputs = {},
+                       .outputs = {"f", "i"},
                        .body = "const uint32_t t = thread_position_in_grid.x;\n"
                                "if (t % 2 == 0) { f[t] = 1.0f; i[t] = 1; }\n"});
-  LaunchConfig config = launch(Grid{6, 1, 1}, ThreadGroup{4, 1, 1}, {{"f", {{6}, DType::Float32}}, {"i", {{6}, DType::Int32}}});
+  LaunchConfig config =
+      launch(Grid{6, 1, 1}, ThreadGroup{4, 1, 1}, {{"f", {{6}, DType::Float32}}, {"i", {{6}, DType::Int32}}});
   config.init_value.reset();
   const std::vector<Tensor> out = kernel({}, config);
   for (int64_t t = 0; t < 6; ++t) {
@@ -408,11 +448,14 @@ TEST(KernelApi, FreshOutputsWithoutInitValueAreNotZero) {
 }
 
 TEST(KernelApi, EmptyTensors) {
-  const Kernel kernel({.name = "empty_tensors", .inputs = {"x"}, .outputs = {"count", "nothing"},
+  const Kernel kernel({.name = "empty_tensors",
+                       .inputs = {"x"},
+                       .outputs = {"count", "nothing"},
                        .body = "count[0] = x_shape[0] + 10 * x_ndim + 100 * x_shape[1];\n"});
   const Tensor x(DType::Float32, {0, 3});
-  const std::vector<Tensor> out = kernel({{"x", x}}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1},
-                                                          {{"count", {{1}, DType::Int64}}, {"nothing", {{0}, DType::Float32}}}));
+  const std::vector<Tensor> out =
+      kernel({{"x", x}}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1},
+                                {{"count", {{1}, DType::Int64}}, {"nothing", {{0}, DType::Float32}}}));
   EXPECT_EQ(out[0].data<int64_t>()[0], 320);
   EXPECT_EQ(out[1].shape(), Shape{0});
 }
@@ -420,7 +463,9 @@ TEST(KernelApi, EmptyTensors) {
 // ---- verbose, source, cache ----
 
 TEST(KernelApi, VerbosePrintsTheGeneratedSource) {
-  const Kernel kernel({.name = "verbose_kernel", .inputs = {}, .outputs = {"out"},
+  const Kernel kernel({.name = "verbose_kernel",
+                       .inputs = {},
+                       .outputs = {"out"},
                        .body = "out[thread_position_in_grid.x] = 42;  // the body line\n"});
   LaunchConfig config = launch(Grid{4, 1, 1}, ThreadGroup{4, 1, 1}, {{"out", {{4}, DType::Int32}}});
   config.verbose = true;
@@ -433,8 +478,8 @@ TEST(KernelApi, VerbosePrintsTheGeneratedSource) {
 }
 
 TEST(KernelApi, SecondLaunchUsesTheLoadedKernel) {
-  const Kernel kernel({.name = "cached_twice", .inputs = {}, .outputs = {"out"},
-                       .body = "out[thread_position_in_grid.x] = 7;\n"});
+  const Kernel kernel(
+      {.name = "cached_twice", .inputs = {}, .outputs = {"out"}, .body = "out[thread_position_in_grid.x] = 7;\n"});
   const LaunchConfig config = launch(Grid{3, 1, 1}, ThreadGroup{4, 1, 1}, {{"out", {{3}, DType::Int32}}});
   kernel({}, config);
   const CacheStats before = cache_stats();
@@ -449,7 +494,9 @@ TEST(KernelApi, SecondLaunchUsesTheLoadedKernel) {
 // ---- every misuse is an error ----
 
 const Kernel& copy_kernel() {
-  static const Kernel kernel({.name = "copy", .inputs = {"x"}, .outputs = {"y"},
+  static const Kernel kernel({.name = "copy",
+                              .inputs = {"x"},
+                              .outputs = {"y"},
                               .body = "y[thread_position_in_grid.x] = x[thread_position_in_grid.x];\n"});
   return kernel;
 }
@@ -457,27 +504,44 @@ const Kernel& copy_kernel() {
 TEST(KernelApiErrors, EmptyGrid) {
   const Tensor x = float_tensor({4}, [](int64_t) { return 1.0f; });
   for (Grid grid : {Grid{0, 1, 1}, Grid{4, 0, 1}, Grid{4, 1, -2}})
-    expect_error([&] { copy_kernel()({{"x", x}}, launch(grid, ThreadGroup{4, 1, 1}, {{"y", {{4}, DType::Float32}}})); },
-                 {"kernel 'copy'", "grid", "is empty"});
-  expect_error([&] { copy_kernel()({{"x", x}}, launch(Grid{4, 1, 1}, ThreadGroup{0, 1, 1}, {{"y", {{4}, DType::Float32}}})); },
-               {"threadgroup", "is empty"});
+    expect_error(
+        [&] {
+          copy_kernel()({{"x", x}}, launch(grid, ThreadGroup{4, 1, 1}, {{"y", {{4}, DType::Float32}}}));
+        },
+        {"kernel 'copy'", "grid", "is empty"});
+  expect_error(
+      [&] {
+        copy_kernel()({{"x", x}}, launch(Grid{4, 1, 1}, ThreadGroup{0, 1, 1}, {{"y", {{4}, DType::Float32}}}));
+      },
+      {"threadgroup", "is empty"});
 }
 
 TEST(KernelApiErrors, ThreadgroupLargerThanTheKernelAllows) {
   const Tensor x = float_tensor({4}, [](int64_t) { return 1.0f; });
-  expect_error([&] { copy_kernel()({{"x", x}}, launch(Grid{4096, 1, 1}, ThreadGroup{2048, 1, 1}, {{"y", {{4}, DType::Float32}}})); },
-               {"kernel 'copy'", "2048 threads", "limit"});
+  expect_error(
+      [&] {
+        copy_kernel()({{"x", x}}, launch(Grid{4096, 1, 1}, ThreadGroup{2048, 1, 1}, {{"y", {{4}, DType::Float32}}}));
+      },
+      {"kernel 'copy'", "2048 threads", "limit"});
   // A kernel compiled with a launch bound of 64 threads refuses 128.
-  const Kernel bounded({.name = "bounded", .inputs = {}, .outputs = {"y"},
-                        .body = "y[thread_position_in_grid.x] = 1.0f;\n", .max_threads_per_threadgroup = 64});
-  expect_error([&] { bounded({}, launch(Grid{128, 1, 1}, ThreadGroup{128, 1, 1}, {{"y", {{128}, DType::Float32}}})); },
-               {"kernel 'bounded'", "128 threads", "limit of 64"});
+  const Kernel bounded({.name = "bounded",
+                        .inputs = {},
+                        .outputs = {"y"},
+                        .body = "y[thread_position_in_grid.x] = 1.0f;\n",
+                        .max_threads_per_threadgroup = 64});
+  expect_error(
+      [&] {
+        bounded({}, launch(Grid{128, 1, 1}, ThreadGroup{128, 1, 1}, {{"y", {{128}, DType::Float32}}}));
+      },
+      {"kernel 'bounded'", "128 threads", "limit of 64"});
   const Tensor ok = bounded({}, launch(Grid{128, 1, 1}, ThreadGroup{64, 1, 1}, {{"y", {{128}, DType::Float32}}}))[0];
   for (int64_t i = 0; i < 128; ++i) EXPECT_EQ(ok.data<float>()[i], 1.0f);
 }
 
 TEST(KernelApiErrors, SharedMemoryOverTheDeviceLimit) {
-  const Kernel kernel({.name = "big_shared", .inputs = {}, .outputs = {"y"},
+  const Kernel kernel({.name = "big_shared",
+                       .inputs = {},
+                       .outputs = {"y"},
                        .body = "shared_memory[0] = 1;\ny[thread_position_in_grid.x] = shared_memory[0];\n"});
   LaunchConfig config = launch(Grid{4, 1, 1}, ThreadGroup{4, 1, 1}, {{"y", {{4}, DType::Float32}}});
   config.shared_memory_bytes = int64_t{1} << 30;
@@ -487,67 +551,108 @@ TEST(KernelApiErrors, SharedMemoryOverTheDeviceLimit) {
 }
 
 TEST(KernelApiErrors, UnboundArgument) {
-  const Kernel kernel({.name = "two_inputs", .inputs = {"a", "b"}, .outputs = {"y"},
+  const Kernel kernel({.name = "two_inputs",
+                       .inputs = {"a", "b"},
+                       .outputs = {"y"},
                        .body = "y[thread_position_in_grid.x] = a[0] + b[0];\n"});
   const Tensor a = float_tensor({1}, [](int64_t) { return 1.0f; });
   const LaunchConfig config = launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"y", {{1}, DType::Float32}}});
   expect_error([&] { kernel({{"a", a}}, config); }, {"kernel 'two_inputs'", "unbound argument 'b'"});
-  expect_error([&] { kernel({{"a", a}, {"b", a}}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1})); },
-               {"unbound argument 'y'"});
+  expect_error(
+      [&] {
+        kernel({{"a", a}, {"b", a}}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}));
+      },
+      {"unbound argument 'y'"});
   expect_error([&] { kernel({{"a", a}, {"b", a}, {"c", a}}, config); }, {"'c'", "not declared by the kernel"});
   LaunchConfig extra_output = config;
   extra_output.outputs["z"] = {{1}, DType::Float32};
   expect_error([&] { kernel({{"a", a}, {"b", a}}, extra_output); }, {"'z'", "not an output"});
-  expect_error([&] { kernel({{"a", a}, {"b", a}, {"y", Scalar(DType::Float32, 1.0)}}, config); },
-               {"output 'y' is bound to a scalar"});
+  expect_error(
+      [&] {
+        kernel({{"a", a}, {"b", a}, {"y", Scalar(DType::Float32, 1.0)}}, config);
+      },
+      {"output 'y' is bound to a scalar"});
 }
 
 TEST(KernelApiErrors, NameUsedButNotDeclared) {
-  const Kernel kernel({.name = "undeclared", .inputs = {"x"}, .outputs = {"y"},
+  const Kernel kernel({.name = "undeclared",
+                       .inputs = {"x"},
+                       .outputs = {"y"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\ny[i] = x[i] + not_a_name;\n"});
   const Tensor x = float_tensor({2}, [](int64_t) { return 1.0f; });
-  expect_error([&] { kernel({{"x", x}}, launch(Grid{2, 1, 1}, ThreadGroup{2, 1, 1}, {{"y", {{2}, DType::Float32}}})); },
-               {"kernel 'undeclared'", "does not compile", "body line 2", "not_a_name", "y[i] = x[i] + not_a_name;"});
+  expect_error(
+      [&] {
+        kernel({{"x", x}}, launch(Grid{2, 1, 1}, ThreadGroup{2, 1, 1}, {{"y", {{2}, DType::Float32}}}));
+      },
+      {"kernel 'undeclared'", "does not compile", "body line 2", "not_a_name", "y[i] = x[i] + not_a_name;"});
 }
 
 TEST(KernelApiErrors, CompileErrorNamesTheLine) {
-  const Kernel kernel({.name = "syntax_error", .inputs = {}, .outputs = {"y"},
+  const Kernel kernel({.name = "syntax_error",
+                       .inputs = {},
+                       .outputs = {"y"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\nfloat v = 1.0f;\ny[i] = v +;\n",
                        .header = "inline float helper() { return 1.0f; }\n"});
-  expect_error([&] { kernel({}, launch(Grid{2, 1, 1}, ThreadGroup{2, 1, 1}, {{"y", {{2}, DType::Float32}}})); },
-               {"kernel 'syntax_error'", "body line 3", "y[i] = v +;"});
-  const Kernel bad_header({.name = "header_error", .inputs = {}, .outputs = {"y"},
-                           .body = "y[0] = helper();\n", .header = "inline float helper() {\n  return missing;\n}\n"});
-  expect_error([&] { bad_header({}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"y", {{1}, DType::Float32}}})); },
-               {"header line 2", "return missing;"});
+  expect_error(
+      [&] {
+        kernel({}, launch(Grid{2, 1, 1}, ThreadGroup{2, 1, 1}, {{"y", {{2}, DType::Float32}}}));
+      },
+      {"kernel 'syntax_error'", "body line 3", "y[i] = v +;"});
+  const Kernel bad_header({.name = "header_error",
+                           .inputs = {},
+                           .outputs = {"y"},
+                           .body = "y[0] = helper();\n",
+                           .header = "inline float helper() {\n  return missing;\n}\n"});
+  expect_error(
+      [&] {
+        bad_header({}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"y", {{1}, DType::Float32}}}));
+      },
+      {"header line 2", "return missing;"});
 }
 
 TEST(KernelApiErrors, UnsupportedDtype) {
-  const Kernel kernel({.name = "atomic_half", .inputs = {}, .outputs = {"y"},
-                       .body = "atomic_add(&y[0], 1.0f);\n", .atomic_outputs = true});
+  const Kernel kernel({.name = "atomic_half",
+                       .inputs = {},
+                       .outputs = {"y"},
+                       .body = "atomic_add(&y[0], 1.0f);\n",
+                       .atomic_outputs = true});
   for (DType dtype : {DType::Float16, DType::BFloat16, DType::Bool, DType::Int8})
-    expect_error([&] { kernel({}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"y", {{1}, dtype}}})); },
-                 {"kernel 'atomic_half'", std::string(dtype_name(dtype)), "not supported"});
+    expect_error(
+        [&] {
+          kernel({}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"y", {{1}, dtype}}}));
+        },
+        {"kernel 'atomic_half'", std::string(dtype_name(dtype)), "not supported"});
 }
 
 TEST(KernelApiErrors, KernelAssertFailsTheLaunch) {
-  const Kernel kernel({.name = "asserting", .inputs = {"x"}, .outputs = {"y"},
+  const Kernel kernel({.name = "asserting",
+                       .inputs = {"x"},
+                       .outputs = {"y"},
                        .body = "const uint32_t i = thread_position_in_grid.x;\n"
                                "kernel_assert(x[i] >= 0.0f);\ny[i] = x[i];\n"});
   const Tensor x = float_tensor({300}, [](int64_t i) { return i == 257 ? -1.0f : 1.0f; });
-  expect_error([&] { kernel({{"x", x}}, launch(Grid{300, 1, 1}, ThreadGroup{64, 1, 1}, {{"y", {{300}, DType::Float32}}})); },
-               {"kernel 'asserting'", "kernel_assert failed", "body line 2", "(257, 0, 0)", "x[i] >= 0.0f"});
+  expect_error(
+      [&] {
+        kernel({{"x", x}}, launch(Grid{300, 1, 1}, ThreadGroup{64, 1, 1}, {{"y", {{300}, DType::Float32}}}));
+      },
+      {"kernel 'asserting'", "kernel_assert failed", "body line 2", "(257, 0, 0)", "x[i] >= 0.0f"});
   // The same kernel runs when the condition holds.
   const Tensor fine = float_tensor({300}, [](int64_t) { return 2.0f; });
-  const Tensor y = kernel({{"x", fine}}, launch(Grid{300, 1, 1}, ThreadGroup{64, 1, 1}, {{"y", {{300}, DType::Float32}}}))[0];
+  const Tensor y =
+      kernel({{"x", fine}}, launch(Grid{300, 1, 1}, ThreadGroup{64, 1, 1}, {{"y", {{300}, DType::Float32}}}))[0];
   for (int64_t i = 0; i < 300; ++i) EXPECT_EQ(y.data<float>()[i], 2.0f);
 }
 
 TEST(KernelApiErrors, BarrierNeedsWholeThreadgroups) {
-  const Kernel kernel({.name = "barrier_grid", .inputs = {}, .outputs = {"y"},
+  const Kernel kernel({.name = "barrier_grid",
+                       .inputs = {},
+                       .outputs = {"y"},
                        .body = "threadgroup_barrier();\ny[thread_position_in_grid.x] = 1.0f;\n"});
-  expect_error([&] { kernel({}, launch(Grid{100, 1, 1}, ThreadGroup{64, 1, 1}, {{"y", {{100}, DType::Float32}}})); },
-               {"kernel 'barrier_grid'", "threadgroup_barrier", "multiple of the threadgroup"});
+  expect_error(
+      [&] {
+        kernel({}, launch(Grid{100, 1, 1}, ThreadGroup{64, 1, 1}, {{"y", {{100}, DType::Float32}}}));
+      },
+      {"kernel 'barrier_grid'", "threadgroup_barrier", "multiple of the threadgroup"});
 }
 
 TEST(KernelApiErrors, BadNames) {
@@ -573,24 +678,40 @@ TEST(KernelApiErrors, BadNames) {
 
 TEST(KernelApiErrors, BadValuesAndOutputs) {
   const Tensor x = float_tensor({4}, [](int64_t) { return 1.0f; });
-  const Kernel scale({.name = "scale_int8", .inputs = {"x", "s"}, .outputs = {"y"},
+  const Kernel scale({.name = "scale_int8",
+                      .inputs = {"x", "s"},
+                      .outputs = {"y"},
                       .body = "y[thread_position_in_grid.x] = x[thread_position_in_grid.x] * s;\n"});
   const LaunchConfig config = launch(Grid{4, 1, 1}, ThreadGroup{4, 1, 1}, {{"y", {{4}, DType::Float32}}});
-  expect_error([&] { scale({{"x", x}, {"s", Scalar(DType::Int8, int64_t{300})}}, config); },
-               {"scalar 's'", "300", "int8"});
+  expect_error(
+      [&] {
+        scale({{"x", x}, {"s", Scalar(DType::Int8, int64_t{300})}}, config);
+      },
+      {"scalar 's'", "300", "int8"});
   expect_error([&] { scale({{"x", x}, {"s", Scalar(DType::Int32, 0.5)}}, config); }, {"scalar 's'", "whole number"});
   LaunchConfig bad_init = config;
   bad_init.outputs["y"].dtype = DType::Int32;
   bad_init.init_value = 1.5;
-  expect_error([&] { scale({{"x", x}, {"s", Scalar(DType::Float32, 1.0)}}, bad_init); }, {"init_value", "whole number"});
+  expect_error(
+      [&] {
+        scale({{"x", x}, {"s", Scalar(DType::Float32, 1.0)}}, bad_init);
+      },
+      {"init_value", "whole number"});
   // An output bound in place must agree with its spec and be writable.
   Tensor y(DType::Float32, {5});
-  expect_error([&] { scale({{"x", x}, {"s", Scalar(DType::Float32, 1.0)}, {"y", y}}, config); },
-               {"output 'y' is bound to a float32 tensor of shape [5]"});
+  expect_error(
+      [&] {
+        scale({{"x", x}, {"s", Scalar(DType::Float32, 1.0)}, {"y", y}}, config);
+      },
+      {"output 'y' is bound to a float32 tensor of shape [5]"});
   auto owner = std::make_shared<std::vector<float>>(4, 0.0f);
   const Tensor borrowed = Tensor::borrow(DType::Float32, {4}, owner->data(), owner);
-  expect_error([&] { scale({{"x", x}, {"s", Scalar(DType::Float32, 1.0)}, {"y", borrowed}}, launch(Grid{4, 1, 1}, ThreadGroup{4, 1, 1})); },
-               {"read-only"});
+  expect_error(
+      [&] {
+        scale({{"x", x}, {"s", Scalar(DType::Float32, 1.0)}, {"y", borrowed}},
+              launch(Grid{4, 1, 1}, ThreadGroup{4, 1, 1}));
+      },
+      {"read-only"});
   const Tensor big_rank(DType::Float32, Shape(9, 1));
   expect_error([&] { scale({{"x", big_rank}, {"s", Scalar(DType::Float32, 1.0)}}, config); }, {"rank 9"});
 }

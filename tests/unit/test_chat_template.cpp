@@ -199,9 +199,9 @@ TEST(ChatTemplateTest, Llama31OpensWithTheDatedSystemHeader) {
             kBos + llama("system", header) + llama("user", "Hi") + kLlamaAssistant);
   EXPECT_EQ(apply_chat_template(llama31, {{"system", "  Be terse.\n"}, {"user", "Hi"}, {"assistant", " Hello "}}, false),
             kBos + llama("system", header + "Be terse.") + llama("user", "Hi") + llama("assistant", "Hello"));
-  // Tool results go under the ipython header, untrimmed.
-  EXPECT_EQ(apply_chat_template(llama31, {{"user", "Hi"}, {"tool", " 42 "}}, false),
-            kBos + llama("system", header) + llama("user", "Hi") + llama("ipython", " 42 "));
+  // Tool results go under the ipython header, untrimmed and through tojson (the template's quirk for strings).
+  EXPECT_EQ(apply_chat_template(llama31, {{"user", "Hi"}, {"tool", " 4\"2\\\n\x01 "}}, false),
+            kBos + llama("system", header) + llama("user", "Hi") + llama("ipython", "\" 4\\\"2\\\\\\n\\u0001 \""));
   ChatTemplate dated = llama31;
   dated.date_string = "01 Jan 2025";
   EXPECT_EQ(apply_chat_template(dated, {}, false),
@@ -300,7 +300,7 @@ TEST(ChatTemplateReferenceTest, MatchesTransformersRendering) {
       {{"system", "  You are terse.\n"}, {"user", " What is 2+2? "}, {"assistant", "4"}, {"user", "And 3+3?\n"}},
       {{"user", "Q1"}, {"assistant", "<think>\nr1\n</think>\n\nA1"}, {"user", "Q2"}, {"assistant", "<think>r2</think>A2"}},
       {{"user", "Q1"}, {"assistant", "plain"}, {"user", "Q2"}, {"assistant", "\n\n<think>x</think>\n\ny\n"}},
-      {{"user", "weather?"}, {"assistant", "checking"}, {"tool", "{\"t\": 20}"}, {"tool", "{\"h\": 5}"}, {"user", "ok"}},
+      {{"user", "weather?"}, {"assistant", "checking"}, {"tool", "{\"t\": 20}"}, {"tool", "a\\b\n\tc\x01"}, {"user", "ok"}},
       {{"user", "Q"}, {"assistant", "<think>a</think>call"}, {"user", "<tool_response>r</tool_response>"}},
       {{"system", "Only system"}},
       {{"user", "\t \u00dcn\u00efc\u00f6d\u00e9 \u65e5\u672c \xF0\x9F\x98\x80 \n\n"}, {"assistant", "\u00a0ok\u3000"}},

@@ -72,7 +72,9 @@ class ScopedEnv {
 TEST(KernelApiCpu, DiskCacheServesAFreshProcess) {
   const std::filesystem::path folder = fresh_folder("disk_cache");
   const ScopedEnv env("NPUSIM_CACHE_DIR", folder.string());
-  const Kernel kernel({.name = "disk_cached", .inputs = {}, .outputs = {"out"},
+  const Kernel kernel({.name = "disk_cached",
+                       .inputs = {},
+                       .outputs = {"out"},
                        .body = "out[thread_position_in_grid.x] = 3 * thread_position_in_grid.x;\n"});
   const LaunchConfig config = launch(Grid{5, 1, 1}, ThreadGroup{2, 1, 1}, {{"out", {{5}, DType::Int32}}});
   auto check = [](const Tensor& out) {
@@ -107,14 +109,18 @@ TEST(KernelApiCpu, DifferentSourcesAndDtypesAreDifferentEntries) {
   const std::filesystem::path folder = fresh_folder("entries");
   const ScopedEnv env("NPUSIM_CACHE_DIR", folder.string());
   clear_memory_cache();
-  const Kernel kernel({.name = "entries", .inputs = {"x"}, .outputs = {"out"},
+  const Kernel kernel({.name = "entries",
+                       .inputs = {"x"},
+                       .outputs = {"out"},
                        .body = "out[thread_position_in_grid.x] = x[thread_position_in_grid.x] + 1;\n"});
   const Tensor floats = float_tensor({2}, [](int64_t i) { return static_cast<float>(i); });
   const Tensor ints = make_tensor<int32_t>(DType::Int32, {2}, [](int64_t i) { return static_cast<int32_t>(i); });
   const LaunchConfig config = launch(Grid{2, 1, 1}, ThreadGroup{2, 1, 1}, {{"out", {{2}, DType::Float32}}});
   kernel({{"x", floats}}, config);
   kernel({{"x", ints}}, config);
-  const Kernel other_body({.name = "entries", .inputs = {"x"}, .outputs = {"out"},
+  const Kernel other_body({.name = "entries",
+                           .inputs = {"x"},
+                           .outputs = {"out"},
                            .body = "out[thread_position_in_grid.x] = x[thread_position_in_grid.x] + 2;\n"});
   const Tensor out = other_body({{"x", floats}}, config)[0];
   EXPECT_EQ(out.data<float>()[1], 3.0f);
@@ -126,8 +132,11 @@ TEST(KernelApiCpu, MissingCompilerIsAnError) {
   const ScopedEnv cache("NPUSIM_CACHE_DIR", folder.string());
   const ScopedEnv compiler("NPUSIM_CXX", "/nonexistent/c++");
   const Kernel kernel({.name = "no_compiler", .inputs = {}, .outputs = {"out"}, .body = "out[0] = 1;\n"});
-  expect_error([&] { kernel({}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"out", {{1}, DType::Int32}}})); },
-               {"kernel 'no_compiler' (cpu)", "cannot run the C++ compiler", "NPUSIM_CXX"});
+  expect_error(
+      [&] {
+        kernel({}, launch(Grid{1, 1, 1}, ThreadGroup{1, 1, 1}, {{"out", {{1}, DType::Int32}}}));
+      },
+      {"kernel 'no_compiler' (cpu)", "cannot run the C++ compiler", "NPUSIM_CXX"});
 }
 
 TEST(KernelApiCpu, CudaIsReportedWhenUnavailable) {
@@ -142,7 +151,9 @@ TEST(KernelApiCpu, CudaIsReportedWhenUnavailable) {
 
 TEST(KernelApiCpu, ManyThreadsWithBarriers) {
   // 1024 threads per group, each its own OS thread, through several barriers: a block-wide prefix sum.
-  const Kernel kernel({.name = "prefix_sum", .inputs = {"x"}, .outputs = {"out"},
+  const Kernel kernel({.name = "prefix_sum",
+                       .inputs = {"x"},
+                       .outputs = {"out"},
                        .body = R"(int32_t* values = reinterpret_cast<int32_t*>(shared_memory);
 const uint32_t t = thread_position_in_threadgroup.x, n = threads_per_threadgroup.x;
 const uint32_t i = thread_position_in_grid.x;
@@ -171,7 +182,9 @@ out[i] = values[t];
 
 TEST(KernelApiCpu, EarlyReturnDoesNotBlockTheBarrier) {
   // Threads that return before a barrier stop counting for it, as exited CUDA threads do.
-  const Kernel kernel({.name = "early_return", .inputs = {}, .outputs = {"out"},
+  const Kernel kernel({.name = "early_return",
+                       .inputs = {},
+                       .outputs = {"out"},
                        .body = R"(const uint32_t t = thread_position_in_threadgroup.x;
 if (t % 2 == 1) { out[thread_position_in_grid.x] = -1; return; }
 shared_memory[t] = 1;
@@ -207,7 +220,8 @@ TEST(KernelApiCpu, JsonSpec) {
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(y.data<float>()[i], (i + 1) * 3.0f + 10.0f) << i;
 
   const KernelSpec blocks = parse_kernel_spec(
-      R"({"name": "b", "outputs": ["y"], "source": "y[0] = 1;", "blocks": [3, 2], "threadgroup": [4, 5]})", "b.json", ".");
+      R"({"name": "b", "outputs": ["y"], "source": "y[0] = 1;", "blocks": [3, 2], "threadgroup": [4, 5]})", "b.json",
+      ".");
   EXPECT_EQ(blocks.config.grid.x, 12);
   EXPECT_EQ(blocks.config.grid.y, 10);
   EXPECT_EQ(blocks.config.grid.z, 1);
@@ -216,7 +230,8 @@ TEST(KernelApiCpu, JsonSpec) {
     expect_error([&] { parse_kernel_spec(text, "bad.json", "."); }, {"bad.json", part});
   };
   bad("{", "not valid JSON");
-  bad(R"({"name": "k", "outputs": ["y"], "source": "", "grid": [1], "threadgroup": [1], "gird": 1})", "unknown key 'gird'");
+  bad(R"({"name": "k", "outputs": ["y"], "source": "", "grid": [1], "threadgroup": [1], "gird": 1})",
+      "unknown key 'gird'");
   bad(R"({"name": "k", "outputs": ["y"], "source": "", "threadgroup": [1]})", "missing 'grid'");
   bad(R"({"name": "k", "outputs": ["y"], "source": "", "grid": [1, 2, 3, 4], "threadgroup": [1]})", "1 to 3 integers");
   bad(R"({"name": "k", "outputs": ["y"], "source": "", "grid": [1], "blocks": [1], "threadgroup": [1]})", "not both");
@@ -255,7 +270,8 @@ TEST(KernelApiCpu, CommandLine) {
     "output_specs": {"y": {"shape": [1], "dtype": "float32"}}, "grid": [1], "threadgroup": [1]})";
   const auto [error_code, error] = run("run " + (folder / "broken.json").string());
   EXPECT_EQ(error_code, 1);
-  EXPECT_NE(error.find("error: kernel 'broken' (cpu): the generated source does not compile"), std::string::npos) << error;
+  EXPECT_NE(error.find("error: kernel 'broken' (cpu): the generated source does not compile"), std::string::npos)
+      << error;
   EXPECT_NE(error.find("body line 1"), std::string::npos) << error;
 
   EXPECT_EQ(run("frobnicate").first, 2);
@@ -272,7 +288,9 @@ void register_axpy_once() {
     op.name = "user_axpy";
     op.spellings = {"custom.axpy.default"};
     op.attrs = {{"alpha", AttrType::Float, AttrValue{1.0}}};
-    op.kernel = {.name = "axpy", .inputs = {"x", "y", "alpha"}, .outputs = {"out"},
+    op.kernel = {.name = "axpy",
+                 .inputs = {"x", "y", "alpha"},
+                 .outputs = {"out"},
                  .body = "const uint32_t i = thread_position_in_grid.x;\nout[i] = alpha * x[i] + y[i];\n"};
     op.scalar_inputs = {"alpha"};
     op.infer = [](const Attrs&, std::span<const TensorMeta> inputs) {
@@ -302,10 +320,10 @@ std::string model_ir(const std::string& out_shape = "[2, 3]") {
   const std::string relu_in = meta("relu", "[2, 3]", R"(, "producer_node": "relu", "producer_output_idx": 0)");
   return R"({"model_name": "custom", "graph_inputs": [)" + meta("x", "[2, 3]") + R"(], "graph_outputs": [)" +
          meta("axpy", out_shape) + R"(], "weights": [], "weight_name_mapping": {}, "nodes": [
-    {"name": "relu", "op_type": "aten.relu.default", "inputs": [)" + x_in + R"(], "outputs": [)" +
-         meta("relu", "[2, 3]") + R"(], "attrs": {}},
-    {"name": "axpy", "op_type": "custom.axpy.default", "inputs": [)" + relu_in + ", " + x_in +
-         R"(], "outputs": [)" + meta("axpy", out_shape) + R"(], "attrs": {"alpha": 2.5}}]})";
+    {"name": "relu", "op_type": "aten.relu.default", "inputs": [)" +
+         x_in + R"(], "outputs": [)" + meta("relu", "[2, 3]") + R"(], "attrs": {}},
+    {"name": "axpy", "op_type": "custom.axpy.default", "inputs": [)" +
+         relu_in + ", " + x_in + R"(], "outputs": [)" + meta("axpy", out_shape) + R"(], "attrs": {"alpha": 2.5}}]})";
 }
 
 }  // namespace
@@ -348,12 +366,16 @@ TEST(KernelApiCustomOp, RegistrationErrors) {
     custom.spellings = std::move(spellings);
     custom.kernel = {.name = "k", .inputs = {"x"}, .outputs = {"y"}, .body = "y[0] = x[0];\n"};
     custom.infer = [](const Attrs&, std::span<const TensorMeta> inputs) { return std::vector<TensorMeta>{inputs[0]}; };
-    custom.launch = [](const Attrs&, std::span<const TensorMeta>, std::span<const TensorMeta>) { return CustomOpLaunch{}; };
+    custom.launch = [](const Attrs&, std::span<const TensorMeta>, std::span<const TensorMeta>) {
+      return CustomOpLaunch{};
+    };
     return custom;
   };
-  expect_error([&] { register_custom_op(op("user_axpy", {"custom.other.default"})); }, {"'user_axpy'", "already registered"});
+  expect_error([&] { register_custom_op(op("user_axpy", {"custom.other.default"})); },
+               {"'user_axpy'", "already registered"});
   expect_error([&] { register_custom_op(op("relu", {})); }, {"'relu'", "already registered"});
-  expect_error([&] { register_custom_op(op("my_relu", {"aten.relu.default"})); }, {"'aten.relu.default'", "already belongs"});
+  expect_error([&] { register_custom_op(op("my_relu", {"aten.relu.default"})); },
+               {"'aten.relu.default'", "already belongs"});
   expect_error([&] { register_custom_op(op("my_axpy", {"custom.axpy.default"})); }, {"'custom.axpy.default'"});
   CustomOp no_shape = op("no_shape", {});
   no_shape.infer = nullptr;

@@ -120,6 +120,23 @@ TEST(Coverage, ReferenceRunsEveryOpWithFloat32Storage) {
   EXPECT_THROW(backend_coverage("tpu"), Error);
 }
 
+TEST(Coverage, OtherBackendsCoverWhatTheirCapabilitiesSay) {
+  BackendCapabilities caps;
+  caps.name = "npu";
+  caps.compute_dtypes = {DType::Float16};
+  caps.ops = {"relu", "add"};
+  const BackendCoverage kernels_only = coverage_from_capabilities(caps);
+  EXPECT_EQ(kernels_only.backend, "npu");
+  EXPECT_EQ(kernels_only.compute_dtypes, std::vector<DType>{DType::Float16});
+  ASSERT_EQ(kernels_only.ops.size(), 2u);
+  EXPECT_TRUE(kernels_only.find("relu")->kernel && kernels_only.find("add")->kernel);
+  caps.reference_fallback = true;
+  const BackendCoverage with_fallback = coverage_from_capabilities(caps);
+  EXPECT_EQ(with_fallback.ops.size(), OpRegistry::instance().all().size());
+  EXPECT_TRUE(with_fallback.find("add")->kernel);
+  EXPECT_FALSE(with_fallback.find("cumsum")->kernel);
+}
+
 TEST(Coverage, DeclaredDtypesAndAttributeRangesDecide) {
   const BackendCoverage npu = parse_coverage(R"({"backend": "npu", "compute_dtypes": ["float32", "float16"],
       "dtypes": ["float32", "float16", "int64", "bool"],

@@ -221,8 +221,8 @@ struct CudaModule {
   CUfunction function = nullptr;
   CUdeviceptr assert_state = 0;
   GeneratedSource source;
-  int max_threads = 0;       // asked of the compiled kernel
-  int static_shared = 0;     // bytes of __shared__ the kernel declares itself
+  int max_threads = 0;    // asked of the compiled kernel
+  int static_shared = 0;  // bytes of __shared__ the kernel declares itself
   ~CudaModule() {
     if (module) driver->module_unload(module);
   }
@@ -231,8 +231,8 @@ struct CudaModule {
 std::string compile(const Plan& plan, const GeneratedSource& source, const std::vector<std::string>& options,
                     bool cubin) {
   nvrtcProgram program = nullptr;
-  nvrtcResult result = nvrtcCreateProgram(&program, source.text.c_str(), (plan.source->name + ".cu").c_str(), 0,
-                                          nullptr, nullptr);
+  nvrtcResult result =
+      nvrtcCreateProgram(&program, source.text.c_str(), (plan.source->name + ".cu").c_str(), 0, nullptr, nullptr);
   if (result != NVRTC_SUCCESS) fail(plan.label() + ": nvrtcCreateProgram failed: " + nvrtc_text(result));
   std::vector<const char*> arguments;
   for (const std::string& option : options) arguments.push_back(option.c_str());
@@ -328,7 +328,8 @@ std::shared_ptr<CudaModule> build_module(const CudaDevice& device, const Plan& p
 class DeviceBuffer {
  public:
   DeviceBuffer(const CudaDevice& device, const Plan& plan, size_t bytes) : driver_(&device.driver) {
-    if (bytes > 0) check(device, driver_->allocate(&pointer_, bytes), plan, "cuMemAlloc of " + std::to_string(bytes) + " bytes");
+    if (bytes > 0)
+      check(device, driver_->allocate(&pointer_, bytes), plan, "cuMemAlloc of " + std::to_string(bytes) + " bytes");
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -360,8 +361,9 @@ void check_geometry(const CudaDevice& device, const CudaModule& module, const Pl
   const int64_t group[3] = {plan.threadgroup.x, plan.threadgroup.y, plan.threadgroup.z};
   const int64_t threads = plan.threads_per_threadgroup();
   if (threads > module.max_threads)
-    fail(plan.label() + ": a threadgroup of " + std::to_string(threads) + " threads exceeds the compiled kernel's limit of " +
-         std::to_string(module.max_threads) + " threads per threadgroup on " + device.name);
+    fail(plan.label() + ": a threadgroup of " + std::to_string(threads) +
+         " threads exceeds the compiled kernel's limit of " + std::to_string(module.max_threads) +
+         " threads per threadgroup on " + device.name);
   for (int d = 0; d < 3; ++d)
     if (group[d] > device.max_block[d])
       fail(plan.label() + ": threadgroup dimension " + "xyz"[d] + " of " + std::to_string(group[d]) +
@@ -390,11 +392,13 @@ void launch_cuda(const Plan& plan, std::vector<Tensor>& tensors, const ScalarByt
 
   const std::string include_folder = fp16_include_folder();
   if (include_folder.empty() && needs_fp16_types(plan))
-    fail(plan.label() + ": half and bfloat16 need cuda_fp16.h, which is not found (set NPUSIM_CUDA_INCLUDE to the "
+    fail(plan.label() +
+         ": half and bfloat16 need cuda_fp16.h, which is not found (set NPUSIM_CUDA_INCLUDE to the "
          "CUDA toolkit's include folder)");
   const GeneratedSource source = generate_cuda_source(plan, !include_folder.empty());
   if (plan.verbose)
-    std::cerr << "--- " << plan.label() << ": generated source ---\n" << source.text << "--- end of " << plan.label() << " ---\n";
+    std::cerr << "--- " << plan.label() << ": generated source ---\n"
+              << source.text << "--- end of " << plan.label() << " ---\n";
   const std::shared_ptr<CudaModule> module = build_module(device, plan, source, include_folder);
   check_geometry(device, *module, plan);
   if (plan.shared_memory_bytes > device.max_shared_default - module->static_shared)
@@ -445,8 +449,8 @@ void launch_cuda(const Plan& plan, std::vector<Tensor>& tensors, const ScalarByt
   if (record[0] != 0) {
     const int line = static_cast<int>(record[1]);
     fail(plan.label() + ": kernel_assert failed at " + module->source.describe_line(line) + " in thread (" +
-         std::to_string(record[2]) + ", " + std::to_string(record[3]) + ", " + std::to_string(record[4]) + "):\n      " +
-         module->source.line_text(line));
+         std::to_string(record[2]) + ", " + std::to_string(record[3]) + ", " + std::to_string(record[4]) +
+         "):\n      " + module->source.line_text(line));
   }
   for (size_t p = 0; p < plan.params.size(); ++p) {
     if (!plan.params[p].output || tensors[p].nbytes() == 0) continue;

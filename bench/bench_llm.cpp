@@ -1,0 +1,170 @@
+// Prompt and generation speed of a Qwen2.5-1.5B-shaped model on the CPU backend, and peak resident memory
+// against weights + KV cache.
+//
+//   bench_llm write DIR [--config CONFIG_DIR]   random bf16 weights under the real tensor names (about 3.1 GB)
+//   bench_llm run DIR [--threads N] [--prompt P] [--generate G] [--ctx C] [--exported PREFILL DECODE]
+//
+// Run each configuration as its own process: the peak resident memory is the process's.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "llm/model_dir.h"
+#include "llm/sampler.h"
+#include "llm/session.h"
+#include "runtime/safetensors.h"
+
+namespace {
+
+using namespace npusim;
+using Clock = std::chrono::steady_clock;
+namespace fs = std::filesystem;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+double peak_resident_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+// Uniform values with standard deviation `scale` (Hugging Face initializes with std 0.02), as bf16.
+Tensor random_bf16(Shape shape, float scale, uint64_t& state) {
+  Tensor tensor(DType::BFloat16, std::move(shape));
+  auto* bits = tensor.mutable_data<uint16_t>();
+  const float half_width = scale * 1.7320508f;
+  for (int64_t i = 0; i < tensor.numel(); ++i) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    const float unit = static_cast<float>((z ^ (z >> 31)) >> 40) * 0x1.0p-24f;  // [0, 1)
+    bits[i] = float_to_bf16((2.0f * unit - 1.0f) * half_width);
+  }
+  return tensor;
+}
+
+Tensor ones_bf16(Shape shape) {
+  Tensor tensor(DType::BFloat16, std::move(shape));
+  std::fill_n(tensor.mutable_data<uint16_t>(), tensor.numel(), float_to_bf16(1.0f));
+  return tensor;
+}
+
+int write_model(const std::string& dir, const std::string& config_dir) {
+  fs::create_directories(dir);
+  for (const char* name : {"config.json", "generation_config.json"})
+    if (fs::exists(fs::path(config_dir) / name))
+      fs::copy_file(fs::path(config_dir) / name, fs::path(dir) / name, fs::copy_options::overwrite_existing);
+  const ModelConfig c = ModelConfig::load(dir + "/config.json");
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  uint64_t state = 2024;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  tensors.emplace_back("model.embed_tokens.weight", random_bf16({c.vocab_size, h}, 0.02f, state));
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    tensors.emplace_back(p + "input_layernorm.weight", ones_bf16({h}));
+    tensors.emplace_back(p + "post_attention_layernorm.weight", ones_bf16({h}));
+    for (const auto& [name, rows] : {std::pair{"q_proj", q}, std::pair{"k_proj", kv}, std::pair{"v_proj", kv}}) {
+      tensors.emplace_back(p + "self_attn." + name + ".weight", random_bf16({rows, h}, 0.02f, state));
+      if (c.attention_bias) tensors.emplace_back(p + "self_attn." + name + ".bias", random_bf16({rows}, 0.02f, state));
+    }
+    tensors.emplace_back(p + "self_attn.o_proj.weight", random_bf16({h, q}, 0.02f, state));
+    tensors.emplace_back(p + "mlp.gate_proj.weight", random_bf16({c.intermediate_size, h}, 0.02f, state));
+    tensors.emplace_back(p + "mlp.up_proj.weight", random_bf16({c.intermediate_size, h}, 0.02f, state));
+    tensors.emplace_back(p + "mlp.down_proj.weight", random_bf16({h, c.intermediate_size}, 0.02f, state));
+  }
+  tensors.emplace_back("model.norm.weight", ones_bf16({h}));
+  if (!c.tie_word_embeddings) tensors.emplace_back("lm_head.weight", random_bf16({c.vocab_size, h}, 0.02f, state));
+  int64_t bytes = 0;
+  for (const auto& [name, tensor] : tensors) bytes += static_cast<int64_t>(tensor.nbytes());
+  write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  std::printf("wrote %s/model.safetensors: %zu tensors, %.3f GB of bf16 weights\n", dir.c_str(), tensors.size(),
+              static_cast<double>(bytes) / 1e9);
+  return 0;
+}
+
+int run_model(const std::string& dir, int threads, int64_t prompt_length, int64_t generate, int64_t context,
+              const std::string& prefill_ir, const std::string& decode_ir) {
+  const auto load_start = Clock::now();
+  const ModelDir model = ModelDir::open(dir);
+  SessionOptions options{.context = context, .threads = threads, .prefill_ir = prefill_ir, .decode_ir = decode_ir};
+  Session session(model, options);
+  session.prepare(prompt_length);
+  const double load_seconds = seconds_since(load_start);
+
+  std::vector<int32_t> prompt;
+  uint64_t state = 7;
+  for (int64_t i = 0; i < prompt_length; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    prompt.push_back(static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(model.config().vocab_size)));
+  }
+  const auto prefill_start = Clock::now();
+  std::vector<float> logits = session.feed(prompt);
+  const double prefill_seconds = seconds_since(prefill_start);
+  const auto decode_start = Clock::now();
+  for (int64_t i = 0; i < generate; ++i) {
+    const int32_t token = argmax(logits);
+    logits = session.feed(std::span<const int32_t>(&token, 1));
+  }
+  const double decode_seconds = seconds_since(decode_start);
+
+  const ModelConfig& c = model.config();
+  const double kv_mb = 2.0 * static_cast<double>(c.num_hidden_layers * c.num_key_value_heads * session.context() *
+                                                 c.head_dim * static_cast<int64_t>(dtype_size(session.dtype()))) /
+                       1e6 / 1.048576;
+  const double weights_mb = static_cast<double>(model.weight_bytes()) / 1048576.0;
+  const double peak = peak_resident_mb();
+  std::printf("%s\n", session.describe().c_str());
+  std::printf("| threads | prompt tokens | prompt tokens/s | generated | generation tokens/s | load s | peak RSS MiB | "
+              "weights MiB | KV MiB | overhead |\n");
+  std::printf("| %d | %lld | %.2f | %lld | %.2f | %.1f | %.0f | %.0f | %.0f | %.1f%% |\n", threads,
+              static_cast<long long>(prompt_length), static_cast<double>(prompt_length) / prefill_seconds,
+              static_cast<long long>(generate), static_cast<double>(generate) / decode_seconds, load_seconds, peak,
+              weights_mb, kv_mb, 100.0 * (peak - weights_mb - kv_mb) / (weights_mb + kv_mb));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() < 2 || (args[0] != "write" && args[0] != "run")) {
+    std::fprintf(stderr,
+                 "usage: bench_llm write DIR [--config CONFIG_DIR]\n"
+                 "       bench_llm run DIR [--threads N] [--prompt P] [--generate G] [--ctx C] "
+                 "[--exported PREFILL DECODE]\n");
+    return 2;
+  }
+  std::string config_dir = "tests/data/fixtures/qwen2.5-1.5b-instruct", prefill_ir, decode_ir;
+  int threads = 1;
+  int64_t prompt = 128, generate = 32, context = 0;  // 0: the session's default
+  for (size_t i = 2; i < args.size(); ++i) {
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw std::runtime_error(args[i] + " needs a value");
+      return args[++i];
+    };
+    if (args[i] == "--config") config_dir = next();
+    else if (args[i] == "--threads") threads = std::stoi(next());
+    else if (args[i] == "--prompt") prompt = std::stoll(next());
+    else if (args[i] == "--generate") generate = std::stoll(next());
+    else if (args[i] == "--ctx") context = std::stoll(next());
+    else if (args[i] == "--exported") {
+      prefill_ir = next();
+      decode_ir = next();
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", args[i].c_str());
+      return 2;
+    }
+  }
+  try {
+    if (args[0] == "write") return write_model(args[1], config_dir);
+    return run_model(args[1], threads, prompt, generate, context, prefill_ir, decode_ir);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  }
+}
