@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
 #include <optional>
-#include <cstdint>
 #include <random>
 #include <span>
 #include <string>
@@ -15,12 +15,12 @@
 
 #include "cli_args.h"
 #include "commands.h"
-#include "loading.h"
 #include "llm/chat_template.h"
 #include "llm/model_dir.h"
 #include "llm/sampler.h"
 #include "llm/session.h"
 #include "llm/tokenizer.h"
+#include "loading.h"
 
 namespace npusim::cli {
 
@@ -382,9 +382,10 @@ int generate_command(const std::vector<std::string>& argv) {
 int chat_command(const std::vector<std::string>& argv) {
   const Args args("chat", join({kModelOptions, kSamplingOptions, kChatOnlyOptions}), with_long_names(argv));
   if (args.flag("help")) {
-    std::printf("usage: npusim chat --model DIR [options]\n"
-                "Type a message and press enter; /reset starts a new conversation, /exit (or end of input) quits.\n%s",
-                args.usage().c_str());
+    std::printf(
+        "usage: npusim chat --model DIR [options]\n"
+        "Type a message and press enter; /reset starts a new conversation, /exit (or end of input) quits.\n%s",
+        args.usage().c_str());
     return 0;
   }
   require_model(args, "chat");
@@ -435,8 +436,8 @@ int chat_command(const std::vector<std::string>& argv) {
     context_tokens.resize(common);
     session.prepare(static_cast<int64_t>(prompt.size() - common));
     GenerationStats stats;
-    const std::string reply = generate(session, sampler, tokenizer, std::span(prompt).subspan(common), request,
-                                       context_tokens, stats);
+    const std::string reply =
+        generate(session, sampler, tokenizer, std::span(prompt).subspan(common), request, context_tokens, stats);
     std::printf("\n");
     std::fflush(stdout);
     messages.push_back({"assistant", reply});

@@ -241,18 +241,18 @@ PartitionPlan partition_graph(const Graph& graph, const Target& target, DType co
 std::string format_partitions(const Graph& graph, const PartitionPlan& plan) {
   std::map<Side, size_t> per_side;
   for (const Partition& partition : plan.partitions) ++per_side[partition.side];
-  std::string text = "partitions: " + std::to_string(plan.partitions.size()) + " (" +
-                     std::to_string(per_side[Side::Target]) + " on " + plan.target + ", " +
-                     std::to_string(per_side[Side::Fallback]) + " on the fallback" +
-                     (plan.fallback.empty() ? "" : " " + plan.fallback) + "), " +
-                     std::to_string(plan.transfers.size()) + " transfers of " +
-                     describe_bytes(plan.transfer_bytes()) + "\n";
+  std::string text =
+      "partitions: " + std::to_string(plan.partitions.size()) + " (" + std::to_string(per_side[Side::Target]) + " on " +
+      plan.target + ", " + std::to_string(per_side[Side::Fallback]) + " on the fallback" +
+      (plan.fallback.empty() ? "" : " " + plan.fallback) + "), " + std::to_string(plan.transfers.size()) +
+      " transfers of " + describe_bytes(plan.transfer_bytes()) + "\n";
   for (size_t p = 0; p < plan.partitions.size(); ++p) {
     const Partition& partition = plan.partitions[p];
     std::map<std::string, int> ops;
     for (int32_t n : partition.nodes) ++ops[graph.nodes[static_cast<size_t>(n)].op];
     std::string op_counts;
-    for (const auto& [op, count] : ops) op_counts += (op_counts.empty() ? "" : ", ") + op + " x" + std::to_string(count);
+    for (const auto& [op, count] : ops)
+      op_counts += (op_counts.empty() ? "" : ", ") + op + " x" + std::to_string(count);
     text += "  #" + std::to_string(p) + " " + plan.label(partition) + ": " + std::to_string(partition.nodes.size()) +
             (partition.nodes.size() == 1 ? " op: " : " ops: ") + op_counts + "\n";
     if (partition.side == Side::Fallback) {

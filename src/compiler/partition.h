@@ -39,9 +39,9 @@ struct Transfer {
 };
 
 struct PartitionPlan {
-  std::string target;    // target name
-  std::string backend;   // the target's backend
-  std::string fallback;  // fallback backend ("" for none)
+  std::string target;                 // target name
+  std::string backend;                // the target's backend
+  std::string fallback;               // fallback backend ("" for none)
   std::vector<Partition> partitions;  // in execution order; every edge goes from an earlier partition to a later one
   std::vector<Transfer> transfers;    // in execution order
   std::vector<int32_t> partition_of_node;  // by node index
@@ -55,7 +55,8 @@ struct PartitionPlan {
 // Where each node of `graph` runs. The coverages are those of the target's backend and of its fallback (null
 // for no fallback).
 std::vector<NodePlacement> place_nodes(const Graph& graph, const Target& target, DType compute_dtype,
-                                       const BackendCoverage& target_coverage, const BackendCoverage* fallback_coverage);
+                                       const BackendCoverage& target_coverage,
+                                       const BackendCoverage* fallback_coverage);
 std::vector<NodePlacement> place_nodes(const Graph& graph, const Target& target, DType compute_dtype);
 
 // Groups placed nodes into the fewest partitions that are each convex and ordered without cycles: greedy over a

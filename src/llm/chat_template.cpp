@@ -33,10 +33,17 @@ std::string unescape(std::string_view body) {
     }
     const char escaped = body[++i];
     switch (escaped) {
-      case 'n': out.push_back('\n'); break;
-      case 't': out.push_back('\t'); break;
-      case 'r': out.push_back('\r'); break;
-      default: out.push_back(escaped);  // \\ \' \"
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      default:
+        out.push_back(escaped);  // \\ \' \"
     }
   }
   return out;
@@ -61,7 +68,8 @@ std::optional<std::string> literal_until(std::string_view jinja, size_t start, s
 
 // Qwen2/2.5 write their default system turn as one literal: '<|im_start|>system\nYou are ...<|im_end|>\n'.
 std::optional<std::string> find_default_system_prompt(std::string_view jinja) {
-  for (const std::string_view marker : {std::string_view("<|im_start|>system\\n"), std::string_view("<|im_start|>system\n")}) {
+  for (const std::string_view marker :
+       {std::string_view("<|im_start|>system\\n"), std::string_view("<|im_start|>system\n")}) {
     for (size_t at = jinja.find(marker); at != std::string_view::npos; at = jinja.find(marker, at + 1)) {
       if (auto prompt = literal_until(jinja, at, at + marker.size(), kImEnd)) return prompt;
     }
@@ -209,13 +217,27 @@ std::string json_quoted(std::string_view text) {
   std::string out = "\"";
   for (const char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char escaped[8];
@@ -294,14 +316,14 @@ ChatTemplate ChatTemplate::load(const std::string& path) {
   if (!config.is_object()) fail(config_path + ": a tokenizer_config.json must be a JSON object");
   const std::string bos_token = tokenizer_files::token_name(config, "bos_token", config_path).value_or("");
   if (auto jinja = template_field(config, config_path)) return from_jinja(*jinja, config_path, bos_token);
-  const std::string jinja_path =
-      (std::filesystem::path(config_path).parent_path() / "chat_template.jinja").string();
+  const std::string jinja_path = (std::filesystem::path(config_path).parent_path() / "chat_template.jinja").string();
   if (std::filesystem::is_regular_file(jinja_path))
     return from_jinja(tokenizer_files::read_text_file(jinja_path), jinja_path, bos_token);
   fail(config_path + ": has no 'chat_template' field and there is no chat_template.jinja beside it");
 }
 
-ChatTemplate ChatTemplate::from_jinja(const std::string& jinja, const std::string& source, const std::string& bos_token) {
+ChatTemplate ChatTemplate::from_jinja(const std::string& jinja, const std::string& source,
+                                      const std::string& bos_token) {
   ChatTemplate result;
   result.source = source;
   result.bos_token = bos_token;
@@ -324,14 +346,13 @@ ChatTemplate ChatTemplate::from_jinja(const std::string& jinja, const std::strin
       fail(source + ": the Llama 3 chat template starts with bos_token, but the tokenizer_config.json names none");
     return result;
   }
-  fail(source + ": chat_template is not a family this program implements (ChatML with <|im_start|> as in Qwen2, "
-                "or Llama 3 with <|start_header_id|>); it begins: " +
+  fail(source +
+       ": chat_template is not a family this program implements (ChatML with <|im_start|> as in Qwen2, "
+       "or Llama 3 with <|start_header_id|>); it begins: " +
        jinja.substr(0, 120));
 }
 
-std::string ChatTemplate::end_of_turn() const {
-  return std::string(format == ChatFormat::ChatML ? kImEnd : kEotId);
-}
+std::string ChatTemplate::end_of_turn() const { return std::string(format == ChatFormat::ChatML ? kImEnd : kEotId); }
 
 std::string apply_chat_template(const ChatTemplate& chat_template, const std::vector<ChatMessage>& messages,
                                 bool add_generation_prompt) {

@@ -32,7 +32,8 @@ std::string read_text(const std::string& path) {
 Json parse_json(const std::string& text, const std::string& source) {
   try {
     return Json::parse(text, [&](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      if (depth > kMaxJsonDepth)
+        fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
       return true;
     });
   } catch (const Json::exception& e) {
@@ -144,8 +145,9 @@ ModelDir ModelDir::open(const std::string& directory) {
   dir.path_ = directory;
   const std::string config_path = dir.file("config.json");
   if (!fs::exists(config_path))
-    fail(directory + ": no config.json (a Hugging Face model directory holds config.json and the weights in "
-                     "model.safetensors or shards listed by model.safetensors.index.json)");
+    fail(directory +
+         ": no config.json (a Hugging Face model directory holds config.json and the weights in "
+         "model.safetensors or shards listed by model.safetensors.index.json)");
   dir.config_ = ModelConfig::load(config_path);
   if (const std::string path = dir.file("generation_config.json"); fs::exists(path))
     dir.generation_ = GenerationConfig::load(path);

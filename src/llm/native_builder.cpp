@@ -150,7 +150,8 @@ ValueId attention_block(GraphBuilder& b, const ModelConfig& config, Family famil
 
   std::vector<ValueId> cache;
   for (const auto& [rows, slot] : {std::pair{k, 0}, std::pair{v, 1}}) {
-    const ValueId past = b.input("kv_" + std::to_string(2 * layer + slot), floats({1, d.kv_heads, d.context, d.head_dim}));
+    const ValueId past =
+        b.input("kv_" + std::to_string(2 * layer + slot), floats({1, d.kv_heads, d.context, d.head_dim}));
     Attrs attrs;
     attrs.set("dim", int64_t{2});
     cache.push_back(b.node("index_copy", "kv_" + std::to_string(2 * layer + slot) + "_out", std::move(attrs),
@@ -166,8 +167,8 @@ ValueId attention_block(GraphBuilder& b, const ModelConfig& config, Family famil
   if (mask != kNoValue) inputs.push_back(mask);
   inputs.push_back(positions);
   const ValueId heads = b.node("attention", name + "sdpa", std::move(attrs), std::move(inputs));
-  const ValueId merged = b.reshape(name + "merged", b.transpose(name + "sdpa.t", heads, 1, 2),
-                                   {1, d.tokens, d.q_heads * d.head_dim});
+  const ValueId merged =
+      b.reshape(name + "merged", b.transpose(name + "sdpa.t", heads, 1, 2), {1, d.tokens, d.q_heads * d.head_dim});
   const ValueId o_weight = b.weight(prefix + "o_proj.weight", {d.hidden, d.q_heads * d.head_dim});
   const ValueId o_bias_value = o_bias ? b.weight(prefix + "o_proj.bias", {d.hidden}) : kNoValue;
   return b.linear(name + "o", merged, o_weight, o_bias_value);
@@ -210,12 +211,19 @@ std::vector<std::pair<std::string, std::string>> native_cache_pairs(const ModelC
 Graph build_native_graph(const ModelConfig& config, const NativeGraphOptions& options) {
   check_native_support(config);
   const Family family = family_of(config);
-  if (options.tokens < 1) fail("native graph: tokens per step must be at least 1, got " + std::to_string(options.tokens));
+  if (options.tokens < 1)
+    fail("native graph: tokens per step must be at least 1, got " + std::to_string(options.tokens));
   if (options.context < options.tokens)
     fail("native graph: a context of " + std::to_string(options.context) + " positions cannot hold " +
          std::to_string(options.tokens) + " tokens");
-  const Dims d{options.tokens,           options.context,        config.hidden_size,       config.num_attention_heads,
-               config.num_key_value_heads, config.head_dim,      config.intermediate_size, config.vocab_size};
+  const Dims d{options.tokens,
+               options.context,
+               config.hidden_size,
+               config.num_attention_heads,
+               config.num_key_value_heads,
+               config.head_dim,
+               config.intermediate_size,
+               config.vocab_size};
 
   Graph graph;
   graph.model_name = config.model_type;
@@ -251,7 +259,8 @@ Graph build_native_graph(const ModelConfig& config, const NativeGraphOptions& op
     const ValueId attn = attention_block(b, config, family, d, layer, h, cos, sin, cache_position, mask, caches);
     x = b.node("add", name + "attn_residual", {}, {x, attn});
     const ValueId norm_post = b.weight(prefix + "post_attention_layernorm.weight", {d.hidden});
-    const ValueId m = mlp_block(b, d, layer, b.rms_norm(name + "post_norm", x, norm_post, d.hidden, config.rms_norm_eps));
+    const ValueId m =
+        mlp_block(b, d, layer, b.rms_norm(name + "post_norm", x, norm_post, d.hidden, config.rms_norm_eps));
     x = b.node("add", name + "mlp_residual", {}, {x, m});
   }
 

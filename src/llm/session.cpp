@@ -129,9 +129,7 @@ class NativeEngine final : public Session::Engine {
     }
   }
 
-  Tensor cache(int64_t index) const override {
-    return programs_.at(1)->read_state("kv_" + std::to_string(index));
-  }
+  Tensor cache(int64_t index) const override { return programs_.at(1)->read_state("kv_" + std::to_string(index)); }
   int64_t cache_count() const override { return 2 * config_.num_hidden_layers; }
   int64_t context() const override { return context_; }
   int64_t vocab() const override { return config_.vocab_size; }
@@ -157,9 +155,9 @@ class NativeEngine final : public Session::Engine {
     compiler::CompileOptions options;
     options.compute_dtype = dtype_;
     const Program compiled = compiler::compile_graph(graph, options);
-    std::unique_ptr<PreparedProgram> prepared = backend_->prepare(compiled, weights_.bind(compiled.graph));
     const PreparedProgram* owner = programs_.empty() ? nullptr : programs_.begin()->second.get();
-    prepared->bind_state(native_cache_pairs(config_), owner);
+    std::unique_ptr<PreparedProgram> prepared =
+        backend_->prepare_with_state(compiled, weights_.bind(compiled.graph), native_cache_pairs(config_), owner);
     return *programs_.emplace(tokens, std::move(prepared)).first->second;
   }
 
@@ -244,22 +242,21 @@ class ExportedEngine final : public Session::Engine {
   }
 
  private:
-  std::unique_ptr<PreparedProgram> prepare(const std::string& file, Program& compiled) {
+  Program compile(const std::string& file) const {
     Graph graph = read_torch_ir(file);
     check_supported(graph);
     compiler::CompileOptions options;
     options.compute_dtype = dtype_;
-    compiled = compiler::compile_graph(std::move(graph), options);
-    return backend_->prepare(compiled, weights_.bind(compiled.graph));
+    return compiler::compile_graph(std::move(graph), options);
   }
 
   void prepare_decode(const std::string& file) {
-    Program compiled;
-    decode_ = prepare(file, compiled);
+    const Program compiled = compile(file);
     const Graph& graph = compiled.graph;
     if (graph.inputs.size() < 6 || graph.outputs.size() != graph.inputs.size() - 3)
-      fail(file + ": a decode graph takes input_ids, attention_mask, position_ids, cache_position and the caches "
-                  "kv_0..kv_{2L-1}, and returns the logits then the updated caches");
+      fail(file +
+           ": a decode graph takes input_ids, attention_mask, position_ids, cache_position and the caches "
+           "kv_0..kv_{2L-1}, and returns the logits then the updated caches");
     const size_t caches = graph.inputs.size() - 4;
     check_step_inputs(graph, file, caches);
     cache_shape_ = graph.value(graph.inputs[4]).meta.shape;
@@ -279,12 +276,11 @@ class ExportedEngine final : public Session::Engine {
     if (logits.size() != 3 || logits[1] != 1)
       fail(file + ": the first output (logits) has shape " + shape_string(logits) + ", expected [1, 1, vocab]");
     vocab_ = logits[2];
-    decode_->bind_state(cache_pairs_);
+    decode_ = backend_->prepare_with_state(compiled, weights_.bind(compiled.graph), cache_pairs_);
   }
 
   void prepare_prefill(const std::string& file) {
-    Program compiled;
-    prefill_ = prepare(file, compiled);
+    const Program compiled = compile(file);
     const Graph& graph = compiled.graph;
     check_step_inputs(graph, file, 0);
     prefill_length_ = graph.value(graph.inputs[0]).meta.shape.back();
@@ -303,6 +299,7 @@ class ExportedEngine final : public Session::Engine {
     if (prefill_length_ > cache_shape_[2])
       fail(file + ": its " + std::to_string(prefill_length_) + " tokens do not fit the decode cache of " +
            std::to_string(cache_shape_[2]));
+    prefill_ = backend_->prepare(compiled, weights_.bind(compiled.graph));
   }
 
   // The first tokens, right-padded to the prefill length; the keys and values of the real ones become the cache
@@ -409,8 +406,8 @@ void Session::prepare(int64_t tokens) { engine_->prepare(std::min(tokens, contex
 
 void Session::rewind(int64_t position) {
   if (position < 0 || position > position_)
-    fail("cannot rewind to position " + std::to_string(position) + ": the context holds " +
-         std::to_string(position_) + " tokens");
+    fail("cannot rewind to position " + std::to_string(position) + ": the context holds " + std::to_string(position_) +
+         " tokens");
   position_ = position;
 }
 

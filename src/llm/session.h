@@ -23,11 +23,11 @@
 namespace npusim {
 
 struct SessionOptions {
-  int64_t context = 0;         // cache positions; 0: min(4096, max_position_embeddings), or the exported cache
+  int64_t context = 0;          // cache positions; 0: min(4096, max_position_embeddings), or the exported cache
   int64_t prefill_chunk = 128;  // native: the largest prefill step
-  std::optional<DType> dtype;  // storage of activations, weights and cache; default: the checkpoint's float dtype
-  int threads = 0;             // CPU threads counting the caller; 0: one per hardware thread
-  std::string prefill_ir;      // exported graphs instead of the native builder
+  std::optional<DType> dtype;   // storage of activations, weights and cache; default: the checkpoint's float dtype
+  int threads = 0;              // CPU threads counting the caller; 0: one per hardware thread
+  std::string prefill_ir;       // exported graphs instead of the native builder
   std::string decode_ir;
 };
 

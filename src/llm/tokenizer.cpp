@@ -21,8 +21,9 @@ namespace {
 
 // Ids beyond this are refused: the tables are indexed by id.
 constexpr int64_t kMaxTokenId = 1 << 24;
-// The piece cache is emptied when it grows past this many entries.
-constexpr size_t kMaxCachedPieces = 1 << 18;
+// The piece cache is emptied when it grows past this many entries; longer pieces (rare) are not cached.
+constexpr size_t kMaxCachedPieces = 1 << 16;
+constexpr size_t kMaxCachedPieceBytes = 256;
 
 // GPT-2's byte-level alphabet: printable bytes stand for themselves, the others for U+0100 onwards.
 struct ByteLevelAlphabet {
@@ -133,9 +134,9 @@ struct Tokenizer::State {
   static constexpr uint8_t kPresent = 1, kSpecial = 2, kAdded = 4;
 
   std::string source;
-  std::vector<std::string> spellings;  // by id
-  std::vector<uint8_t> flags;          // by id
-  std::string bytes;                   // the bytes of every token, back to back
+  std::vector<std::string> spellings;   // by id
+  std::vector<uint8_t> flags;           // by id
+  std::string bytes;                    // the bytes of every token, back to back
   std::vector<uint32_t> bytes_offsets;  // by id, plus the end
   StringMap<int32_t> ids_by_spelling;
   StringMap<int32_t> ids_by_bytes;  // only with ignore_merges
@@ -205,8 +206,9 @@ class TokenizerReader {
       const int32_t id = token_id_value(value, source_, "model.vocab[\"" + spelling + "\"]");
       ensure_size(id);
       if (state_.flags[id] & Tokenizer::State::kPresent)
-        field_error(source_, "model.vocab", "gives id " + std::to_string(id) + " to both '" + state_.spellings[id] +
-                                                "' and '" + spelling + "'");
+        field_error(
+            source_, "model.vocab",
+            "gives id " + std::to_string(id) + " to both '" + state_.spellings[id] + "' and '" + spelling + "'");
       state_.spellings[id] = spelling;
       state_.flags[id] = Tokenizer::State::kPresent;
       state_.ids_by_spelling.emplace(spelling, id);
@@ -234,8 +236,8 @@ class TokenizerReader {
       token.normalized = optional_bool(entry, "normalized", !token.special, source_, field + ".normalized");
       ensure_size(token.id);
       state_.spellings[token.id] = token.content;
-      state_.flags[token.id] = Tokenizer::State::kPresent | Tokenizer::State::kAdded |
-                               (token.special ? Tokenizer::State::kSpecial : 0);
+      state_.flags[token.id] =
+          Tokenizer::State::kPresent | Tokenizer::State::kAdded | (token.special ? Tokenizer::State::kSpecial : 0);
       state_.ids_by_spelling[token.content] = token.id;
       state_.added.push_back(std::move(token));
     }
@@ -280,7 +282,8 @@ class TokenizerReader {
 
   int32_t vocab_id(const std::string& spelling, const std::string& field) const {
     const auto found = state_.ids_by_spelling.find(spelling);
-    if (found == state_.ids_by_spelling.end()) field_error(source_, field, "names '" + spelling + "', which is not in model.vocab");
+    if (found == state_.ids_by_spelling.end())
+      field_error(source_, field, "names '" + spelling + "', which is not in model.vocab");
     return found->second;
   }
 
@@ -321,12 +324,14 @@ class TokenizerReader {
     }
     if (const auto it = model.find("dropout"); it != model.end() && !it->is_null()) {
       if (!it->is_number() || it->get<double>() != 0.0)
-        field_error(source_, "model.dropout", "is " + it->dump() + "; BPE dropout is a training feature, not supported");
+        field_error(source_, "model.dropout",
+                    "is " + it->dump() + "; BPE dropout is a training feature, not supported");
     }
     if (state_.ignore_merges)
       for (size_t id = 0; id < state_.spellings.size(); ++id)
         if (state_.flags[id] == Tokenizer::State::kPresent)  // model.vocab tokens, not added ones
-          state_.ids_by_bytes.emplace(std::string(state_.token_bytes(static_cast<int32_t>(id))), static_cast<int32_t>(id));
+          state_.ids_by_bytes.emplace(std::string(state_.token_bytes(static_cast<int32_t>(id))),
+                                      static_cast<int32_t>(id));
   }
 
   void read_normalizer(const Json& normalizer, const std::string& field) {
@@ -336,7 +341,8 @@ class TokenizerReader {
     } else if (type == "Sequence") {
       const Json& steps = required(normalizer, "normalizers", source_, field + ".normalizers");
       if (!steps.is_array()) field_error(source_, field + ".normalizers", "must be an array");
-      for (size_t i = 0; i < steps.size(); ++i) read_normalizer(steps[i], field + ".normalizers[" + std::to_string(i) + "]");
+      for (size_t i = 0; i < steps.size(); ++i)
+        read_normalizer(steps[i], field + ".normalizers[" + std::to_string(i) + "]");
     } else {
       field_error(source_, field + ".type", "is '" + type + "'; only NFC (or none) is supported");
     }
@@ -363,14 +369,18 @@ class TokenizerReader {
       if (byte_level) field_error(source_, field, "is a second ByteLevel step");
       byte_level = true;
       state_.add_prefix_space = optional_bool(step, "add_prefix_space", false, source_, field + ".add_prefix_space");
+      // After a Split, the prefix space would go in front of every piece; only the GPT-2 layout is supported.
+      if (state_.add_prefix_space && !state_.split_patterns.empty())
+        field_error(source_, field + ".add_prefix_space", "is true after a Split step, which is not supported");
       if (optional_bool(step, "use_regex", true, source_, field + ".use_regex"))
         state_.split_patterns.push_back(SplitPattern::Gpt2);
     } else if (type == "Split") {
       read_split(step, field);
     } else {
       field_error(source_, field + ".type",
-                  "is '" + type + "'; supported pre-tokenizers are ByteLevel, Split (GPT-2, Qwen2 and Llama 3 "
-                  "patterns) and Sequence of them");
+                  "is '" + type +
+                      "'; supported pre-tokenizers are ByteLevel, Split (GPT-2, Qwen2 and Llama 3 "
+                      "patterns) and Sequence of them");
     }
   }
 
@@ -381,9 +391,9 @@ class TokenizerReader {
       field_error(source_, field + ".pattern", "must be {\"Regex\": \"...\"}, got " + pattern.dump());
     const auto known = recognize_split_pattern(regex->get<std::string>());
     if (!known)
-      field_error(source_, field + ".pattern.Regex",
-                  "is a pattern this tokenizer does not implement (GPT-2, Qwen2 and Llama 3 patterns are): " +
-                      regex->dump());
+      field_error(
+          source_, field + ".pattern.Regex",
+          "is a pattern this tokenizer does not implement (GPT-2, Qwen2 and Llama 3 patterns are): " + regex->dump());
     const auto behavior = step.find("behavior");
     if (behavior != step.end() && *behavior != "Isolated")
       field_error(source_, field + ".behavior", "is " + behavior->dump() + "; only \"Isolated\" is supported");
@@ -394,7 +404,8 @@ class TokenizerReader {
 
   void read_decoder(const Json& root) {
     const auto it = root.find("decoder");
-    if (it == root.end() || it->is_null()) field_error(source_, "decoder", "is missing; byte-level BPE needs a ByteLevel decoder");
+    if (it == root.end() || it->is_null())
+      field_error(source_, "decoder", "is missing; byte-level BPE needs a ByteLevel decoder");
     const std::string type = type_of(*it, source_, "decoder");
     if (type != "ByteLevel") field_error(source_, "decoder.type", "is '" + type + "'; only ByteLevel is supported");
   }
@@ -405,7 +416,8 @@ class TokenizerReader {
     if (type == "Sequence") {
       const Json& steps = required(processor, "processors", source_, field + ".processors");
       if (!steps.is_array()) field_error(source_, field + ".processors", "must be an array");
-      for (size_t i = 0; i < steps.size(); ++i) read_post_processor(steps[i], field + ".processors[" + std::to_string(i) + "]");
+      for (size_t i = 0; i < steps.size(); ++i)
+        read_post_processor(steps[i], field + ".processors[" + std::to_string(i) + "]");
       return;
     }
     if (type != "TemplateProcessing")
@@ -429,13 +441,15 @@ class TokenizerReader {
       const auto special = item.is_object() ? item.find("SpecialToken") : item.end();
       if (!item.is_object() || special == item.end() || !special->is_object() || !special->contains("id") ||
           !(*special)["id"].is_string())
-        field_error(source_, item_field, "must be {\"Sequence\": ...} or {\"SpecialToken\": {\"id\": ...}}, got " + item.dump());
+        field_error(source_, item_field,
+                    "must be {\"Sequence\": ...} or {\"SpecialToken\": {\"id\": ...}}, got " + item.dump());
       const std::string name = (*special)["id"].get<std::string>();
       std::vector<int32_t>& target = after_sequence ? state_.suffix_ids : state_.prefix_ids;
       const Json* entry = nullptr;
       if (specials != processor.end() && specials->is_object() && specials->contains(name)) entry = &(*specials)[name];
       if (entry && entry->contains("ids") && (*entry)["ids"].is_array()) {
-        for (const Json& id : (*entry)["ids"]) target.push_back(token_id_value(id, source_, field + ".special_tokens." + name + ".ids"));
+        for (const Json& id : (*entry)["ids"])
+          target.push_back(token_id_value(id, source_, field + ".special_tokens." + name + ".ids"));
       } else {
         const auto found = state_.ids_by_spelling.find(name);
         if (found == state_.ids_by_spelling.end())
@@ -470,7 +484,8 @@ int32_t Tokenizer::State::match_added(std::string_view text, size_t pos, size_t 
     end = pos + token.content.size();
     if (token.single_word) {
       size_t unused = 0;
-      if (is_word_character(character_before(text, begin, unused)) || is_word_character(character_at(text, end, unused)))
+      if (is_word_character(character_before(text, begin, unused)) ||
+          is_word_character(character_at(text, end, unused)))
         continue;
     }
     if (token.lstrip) {
@@ -545,6 +560,10 @@ void Tokenizer::State::encode_piece(std::string_view piece, std::vector<int32_t>
     if (id >= 0) out.push_back(id);
     return;
   }
+  if (piece.size() > kMaxCachedPieceBytes) {
+    bpe.encode(piece, out);
+    return;
+  }
   {
     std::lock_guard lock(cache_mutex);
     const auto found = cache.find(piece);
@@ -574,7 +593,12 @@ Tokenizer Tokenizer::parse(const std::string& tokenizer_json, const std::string&
                            const std::string& config_source) {
   auto state = std::make_shared<State>();
   state->source = source;
-  TokenizerReader(*state, source).read(tokenizer_files::parse_json(tokenizer_json, source));
+  const Json root = tokenizer_files::parse_json(tokenizer_json, source);
+  try {
+    TokenizerReader(*state, source).read(root);
+  } catch (const Json::exception& e) {  // a value of an unexpected type that no check above caught
+    fail(source + ": unexpected content: " + e.what());
+  }
   if (!config_json.empty()) {
     const Json config = tokenizer_files::parse_json(config_json, config_source);
     if (!config.is_object()) fail(config_source + ": a tokenizer_config.json must be a JSON object");

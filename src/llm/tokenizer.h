@@ -2,9 +2,12 @@
 // Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (GPT-2, Qwen2, Llama 3 families).
 //
 // Encoding follows the Hugging Face `tokenizers` pipeline: added tokens found in the text (such as <|im_start|>)
-// become their ids first; the text between them is normalized (NFC when the file asks for it), split by the
-// pre-tokenizer pattern, and each piece is BPE-encoded over its UTF-8 bytes. Decoding concatenates token bytes;
-// TokenStreamDecoder releases text only in complete UTF-8 characters.
+// become their ids first (all of them matched on the raw text); the text between them is normalized (NFC when the
+// file asks for it), split by the pre-tokenizer pattern, and each piece is BPE-encoded over its UTF-8 bytes, so
+// any byte string, valid UTF-8 or not, encodes and decodes back. Decoding concatenates token bytes;
+// TokenStreamDecoder releases text only in complete UTF-8 characters. Supported files: model BPE, normalizer NFC
+// or none, pre-tokenizer ByteLevel with the GPT-2, Qwen2 or Llama 3 split pattern, decoder ByteLevel,
+// post-processor ByteLevel/TemplateProcessing; anything else is an error naming the field.
 #include <cstdint>
 #include <memory>
 #include <optional>

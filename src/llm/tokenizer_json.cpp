@@ -33,7 +33,8 @@ std::string read_text_file(const std::string& path) {
 Json parse_json(const std::string& text, const std::string& source) {
   try {
     return Json::parse(text, [&](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      if (depth > kMaxJsonDepth)
+        fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
       return true;
     });
   } catch (const Json::exception& e) {

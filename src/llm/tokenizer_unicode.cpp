@@ -80,9 +80,10 @@ char32_t compose_pair(char32_t first, char32_t second) {
       second > kJamoTFirst && second < kJamoTFirst + kJamoTCount)
     return first + (second - kJamoTFirst);
   const Composition* end = kCompositions + kCompositionsCount;
-  const Composition* it = std::lower_bound(kCompositions, end, std::pair{first, second}, [](const Composition& c, auto key) {
-    return c.first < key.first || (c.first == key.first && c.second < key.second);
-  });
+  const Composition* it =
+      std::lower_bound(kCompositions, end, std::pair{first, second}, [](const Composition& c, auto key) {
+        return c.first < key.first || (c.first == key.first && c.second < key.second);
+      });
   return it != end && it->first == first && it->second == second ? it->composite : 0;
 }
 
@@ -137,8 +138,8 @@ bool is_white_space(char32_t code) {
 uint8_t combining_class(char32_t code) {
   if (code < 0x300) return 0;
   const CombiningClassRange* end = kCombiningClassRanges + kCombiningClassRangesCount;
-  const CombiningClassRange* it = std::upper_bound(kCombiningClassRanges, end, code,
-                                                   [](char32_t c, const CombiningClassRange& r) { return c < r.first; });
+  const CombiningClassRange* it = std::upper_bound(
+      kCombiningClassRanges, end, code, [](char32_t c, const CombiningClassRange& r) { return c < r.first; });
   return it != kCombiningClassRanges && code <= (it - 1)->last ? (it - 1)->combining_class : 0;
 }
 

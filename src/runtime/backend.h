@@ -67,6 +67,15 @@ class Backend {
   // `weights` is the binding for program.graph (see WeightStore::bind), in any stored dtype.
   virtual std::unique_ptr<PreparedProgram> prepare(const Program& program,
                                                    const std::vector<std::pair<ValueId, Tensor>>& weights) = 0;
+  // `prepare` with state bound from the start (see PreparedProgram::bind_state): no buffer is set aside for the
+  // state values first.
+  virtual std::unique_ptr<PreparedProgram> prepare_with_state(
+      const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights,
+      const std::vector<std::pair<std::string, std::string>>& state, const PreparedProgram* share_with = nullptr) {
+    std::unique_ptr<PreparedProgram> prepared = prepare(program, weights);
+    prepared->bind_state(state, share_with);
+    return prepared;
+  }
 };
 
 // "cpu" (the default). Fails naming the backend when it is unknown or not built in.

@@ -164,8 +164,8 @@ std::optional<std::string> BackendCoverage::unsupported_reason(const Graph& grap
     auto check = [&](ValueId id) -> std::optional<std::string> {
       const DType stored = stored_dtype(graph.value(id).meta.dtype, compute_dtype);
       if (contains(allowed, stored)) return std::nullopt;
-      return "backend '" + backend + "' does not run '" + node.op + "' on " + std::string(dtype_name(stored)) +
-             " ('" + graph.value(id).name + "')";
+      return "backend '" + backend + "' does not run '" + node.op + "' on " + std::string(dtype_name(stored)) + " ('" +
+             graph.value(id).name + "')";
     };
     for (const auto* ids : {&node.inputs, &node.outputs})
       for (ValueId id : *ids)
@@ -196,8 +196,7 @@ BackendCoverage parse_coverage(const std::string& json_text, const std::string& 
     coverage.compute_dtypes = parse_dtype_list(root["compute_dtypes"], source + ": 'compute_dtypes'");
     for (DType dtype : coverage.compute_dtypes)
       if (!is_floating(dtype) || dtype == DType::Float64)
-        fail(source + ": 'compute_dtypes' must be float32, float16 or bfloat16, got " +
-             std::string(dtype_name(dtype)));
+        fail(source + ": 'compute_dtypes' must be float32, float16 or bfloat16, got " + std::string(dtype_name(dtype)));
   }
   if (root.contains("dtypes")) coverage.dtypes = parse_dtype_list(root["dtypes"], source + ": 'dtypes'");
   const nlohmann::json ops = root.contains("ops") ? root["ops"] : nlohmann::json::array();
@@ -271,8 +270,8 @@ std::string format_coverage_table(const std::vector<BackendCoverage>& backends, 
     on_target = backend_coverage(target->backend);
     if (!target->fallback.empty()) fallback = backend_coverage(target->fallback);
     text += "target " + target->name + ": backend " + target->backend + ", " +
-            (target->all_ops ? std::string("every op") : std::to_string(target->ops.size()) + " ops") +
-            ", fallback " + (target->fallback.empty() ? std::string("none") : target->fallback) + "\n";
+            (target->all_ops ? std::string("every op") : std::to_string(target->ops.size()) + " ops") + ", fallback " +
+            (target->fallback.empty() ? std::string("none") : target->fallback) + "\n";
   }
   text += "\n";
   std::snprintf(line, sizeof line, "%-26s", "op");
@@ -323,7 +322,8 @@ std::string coverage_markdown(const std::vector<BackendCoverage>& backends) {
     for (const AtenSpelling& spelling : def->spellings)
       spellings += (spellings.empty() ? "" : ", ") + std::string("`") + spelling.op_type + "`";
     text += "| `" + def->name + "` | " + (spellings.empty() ? "(created by the compiler)" : spellings) + " |";
-    for (const BackendCoverage& backend : backends) text.append(" ").append(coverage_cell(backend, def->name)).append(" |");
+    for (const BackendCoverage& backend : backends)
+      text.append(" ").append(coverage_cell(backend, def->name)).append(" |");
     text += "\n";
   }
   return text;

@@ -42,7 +42,7 @@ struct OpCoverage {
 struct BackendCoverage {
   std::string backend;
   std::vector<DType> compute_dtypes;
-  std::vector<DType> dtypes;            // empty: every dtype
+  std::vector<DType> dtypes;              // empty: every dtype
   std::map<std::string, OpCoverage> ops;  // by canonical op name
 
   const OpCoverage* find(const std::string& op) const;

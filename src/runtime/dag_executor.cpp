@@ -187,8 +187,8 @@ struct DagExecutor::Stage {
   std::string label;
   std::string backend_name;
   PartitionProgram part;
-  std::vector<ValueId> inputs;   // whole ValueIds, in the stage graph's input order
-  std::vector<ValueId> outputs;  // whole ValueIds, in the stage graph's output order
+  std::vector<ValueId> inputs;        // whole ValueIds, in the stage graph's input order
+  std::vector<ValueId> outputs;       // whole ValueIds, in the stage graph's output order
   std::vector<int64_t> kernel_bytes;  // by stage node
   std::vector<double> kernel_flops;   // by stage node
   std::map<std::string, size_t> node_index;
@@ -202,62 +202,79 @@ DagExecutor::DagExecutor(const Program& program, compiler::PartitionPlan plan,
   if (plan_.partition_of_node.size() != graph_.nodes.size())
     fail(graph_.source + ": the partition plan covers " + std::to_string(plan_.partition_of_node.size()) +
          " nodes, the program has " + std::to_string(graph_.nodes.size()));
-  const size_t count = whole_ ? 1 : plan_.partitions.size();
-  for (size_t p = 0; p < count; ++p) {
-    auto stage = std::make_unique<Stage>();
-    stage->partition = static_cast<int32_t>(p);
-    if (whole_) {
-      stage->part.program = program;
-      for (size_t i = 0; i < graph_.values.size(); ++i) stage->part.values.push_back(static_cast<ValueId>(i));
-      stage->inputs = graph_.inputs;
-      stage->outputs = graph_.outputs;
-      stage->backend_name = plan_.partitions.empty() ? plan_.backend : plan_.partitions[0].backend;
-      stage->label = plan_.partitions.empty() ? plan_.target + " (" + plan_.backend + ")"
-                                              : plan_.label(plan_.partitions[0]);
-      if (!plan_.partitions.empty()) stage->side = plan_.partitions[0].side;
-    } else {
-      const compiler::Partition& partition = plan_.partitions[p];
-      stage->part = partition_program(program, plan_, p);
-      stage->inputs = partition.inputs;
-      stage->outputs = partition.outputs;
-      stage->side = partition.side;
-      stage->backend_name = partition.backend;
-      stage->label = plan_.label(partition);
-    }
-    const Program& part = stage->part.program;
-    for (size_t n = 0; n < part.graph.nodes.size(); ++n) {
-      const Node& node = part.graph.nodes[n];
-      stage->kernel_bytes.push_back(kernel_bytes(part.graph, node, part.plan, part.compute_dtype));
-      stage->kernel_flops.push_back(kernel_flops(part.graph, node));
-      stage->node_index[node.name] = n;
-    }
-    std::vector<std::pair<ValueId, Tensor>> bound;
-    if (whole_) {
-      bound = weights;
-    } else {
-      std::vector<ValueId> local(graph_.values.size(), kNoValue);
-      for (size_t i = 0; i < stage->part.values.size(); ++i)
-        local[static_cast<size_t>(stage->part.values[i])] = static_cast<ValueId>(i);
-      for (const auto& [id, tensor] : weights)
-        if (id >= 0 && static_cast<size_t>(id) < local.size() && local[static_cast<size_t>(id)] != kNoValue)
-          bound.emplace_back(local[static_cast<size_t>(id)], tensor);
-    }
-    stage->backend = make_backend(stage->backend_name);
-    stage->prepared = stage->backend->prepare(part, bound);
-    stages_.push_back(std::move(stage));
+  if (whole_) {
+    stages_.push_back(whole_stage(program));
+  } else {
+    for (size_t p = 0; p < plan_.partitions.size(); ++p) stages_.push_back(partition_stage(program, p));
+    collect_output_weights(weights);
   }
-  if (!whole_) {
-    output_weights_.resize(graph_.outputs.size());
-    for (size_t i = 0; i < graph_.outputs.size(); ++i) {
-      const Value& value = graph_.value(graph_.outputs[i]);
-      if (value.kind != ValueKind::Weight) continue;
-      for (const auto& [id, tensor] : weights)
-        if (id == graph_.outputs[i]) output_weights_[i] = tensor.to_reference();
-      if (auto it = graph_.constants.find(value.weight_key); !output_weights_[i].defined() && it != graph_.constants.end())
-        output_weights_[i] = it->second.to_reference();
-      if (!output_weights_[i].defined())
-        fail(graph_.source + ": graph output '" + value.name + "' is a weight with no value");
-    }
+  for (const auto& stage : stages_) prepare_stage(*stage, weights, make_backend);
+}
+
+std::unique_ptr<DagExecutor::Stage> DagExecutor::whole_stage(const Program& program) const {
+  auto stage = std::make_unique<Stage>();
+  stage->part.program = program;
+  for (size_t i = 0; i < graph_.values.size(); ++i) stage->part.values.push_back(static_cast<ValueId>(i));
+  stage->inputs = graph_.inputs;
+  stage->outputs = graph_.outputs;
+  if (plan_.partitions.empty()) {  // no nodes
+    stage->backend_name = plan_.backend;
+    stage->label = plan_.target + " (" + plan_.backend + ")";
+  } else {
+    stage->side = plan_.partitions[0].side;
+    stage->backend_name = plan_.partitions[0].backend;
+    stage->label = plan_.label(plan_.partitions[0]);
+  }
+  return stage;
+}
+
+std::unique_ptr<DagExecutor::Stage> DagExecutor::partition_stage(const Program& program, size_t index) const {
+  const compiler::Partition& partition = plan_.partitions[index];
+  auto stage = std::make_unique<Stage>();
+  stage->partition = static_cast<int32_t>(index);
+  stage->part = partition_program(program, plan_, index);
+  stage->inputs = partition.inputs;
+  stage->outputs = partition.outputs;
+  stage->side = partition.side;
+  stage->backend_name = partition.backend;
+  stage->label = plan_.label(partition);
+  return stage;
+}
+
+void DagExecutor::prepare_stage(Stage& stage, const std::vector<std::pair<ValueId, Tensor>>& weights,
+                                const BackendMaker& make_backend) {
+  const Program& part = stage.part.program;
+  for (size_t n = 0; n < part.graph.nodes.size(); ++n) {
+    const Node& node = part.graph.nodes[n];
+    stage.kernel_bytes.push_back(kernel_bytes(part.graph, node, part.plan, part.compute_dtype));
+    stage.kernel_flops.push_back(kernel_flops(part.graph, node));
+    stage.node_index[node.name] = n;
+  }
+  // The weight binding in the stage's own ValueIds.
+  std::vector<ValueId> local(graph_.values.size(), kNoValue);
+  for (size_t i = 0; i < stage.part.values.size(); ++i)
+    local[static_cast<size_t>(stage.part.values[i])] = static_cast<ValueId>(i);
+  std::vector<std::pair<ValueId, Tensor>> bound;
+  for (const auto& [id, tensor] : weights)
+    if (id >= 0 && static_cast<size_t>(id) < local.size() && local[static_cast<size_t>(id)] != kNoValue)
+      bound.emplace_back(local[static_cast<size_t>(id)], tensor);
+  stage.backend = make_backend(stage.backend_name);
+  stage.prepared = stage.backend->prepare(part, bound);
+}
+
+// Graph outputs that are weights are not produced by any partition: the executor returns them itself.
+void DagExecutor::collect_output_weights(const std::vector<std::pair<ValueId, Tensor>>& weights) {
+  output_weights_.resize(graph_.outputs.size());
+  for (size_t i = 0; i < graph_.outputs.size(); ++i) {
+    const Value& value = graph_.value(graph_.outputs[i]);
+    if (value.kind != ValueKind::Weight) continue;
+    for (const auto& [id, tensor] : weights)
+      if (id == graph_.outputs[i]) output_weights_[i] = tensor.to_reference();
+    if (auto it = graph_.constants.find(value.weight_key);
+        !output_weights_[i].defined() && it != graph_.constants.end())
+      output_weights_[i] = it->second.to_reference();
+    if (!output_weights_[i].defined())
+      fail(graph_.source + ": graph output '" + value.name + "' is a weight with no value");
   }
 }
 
@@ -284,8 +301,8 @@ NamedTensors DagExecutor::run(const std::map<std::string, Tensor>& inputs) {
   auto finish_stage = [&](const Stage& stage, double start_us) {
     if (!profiling_) return;
     const double end_us = microseconds_since(run_start);
-    profile_.partitions.push_back({stage.label, stage.backend_name, start_us, end_us - start_us,
-                                   stage.part.program.graph.nodes.size()});
+    profile_.partitions.push_back(
+        {stage.label, stage.backend_name, start_us, end_us - start_us, stage.part.program.graph.nodes.size()});
     record_kernels(stage, start_us);
   };
 
@@ -306,8 +323,7 @@ NamedTensors DagExecutor::run(const std::map<std::string, Tensor>& inputs) {
   for (const auto& stage_ptr : stages_) {
     const Stage& stage = *stage_ptr;
     auto& mine = held[static_cast<size_t>(stage.side)];
-    for (; next_transfer < plan_.transfers.size() &&
-           plan_.transfers[next_transfer].before_partition == stage.partition;
+    for (; next_transfer < plan_.transfers.size() && plan_.transfers[next_transfer].before_partition == stage.partition;
          ++next_transfer) {
       const compiler::Transfer& transfer = plan_.transfers[next_transfer];
       const auto id = static_cast<size_t>(transfer.value);
@@ -341,7 +357,8 @@ NamedTensors DagExecutor::run(const std::map<std::string, Tensor>& inputs) {
     Tensor tensor = output_weights_[i];
     for (const auto& side : held)
       if (!tensor.defined() && side[id].defined()) tensor = side[id];
-    if (!tensor.defined()) fail(graph_.source + ": graph output '" + graph_.value(graph_.outputs[i]).name + "' has no value");
+    if (!tensor.defined())
+      fail(graph_.source + ": graph output '" + graph_.value(graph_.outputs[i]).name + "' has no value");
     outputs.emplace_back(graph_.value(graph_.outputs[i]).name, tensor.to_reference());
   }
   if (profiling_) profile_.total_us = microseconds_since(run_start);
@@ -376,6 +393,21 @@ std::vector<std::string> DagExecutor::fallback_nodes() const {
   for (const auto& stage : stages_)
     for (std::string& node : stage->prepared->fallback_nodes()) nodes.push_back(std::move(node));
   return nodes;
+}
+
+void DagExecutor::bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
+                             const PreparedProgram* share_with) {
+  if (!whole_)
+    fail(graph_.source + ": keeping state between runs needs the program in one partition, it has " +
+         std::to_string(stages_.size()));
+  const auto* other = dynamic_cast<const DagExecutor*>(share_with);
+  if (other && other->whole_) share_with = other->stages_[0]->prepared.get();
+  stages_[0]->prepared->bind_state(input_output_pairs, share_with);
+}
+
+Tensor DagExecutor::read_state(const std::string& input) const {
+  if (!whole_) fail(graph_.source + ": no state is kept for input '" + input + "' by a partitioned program");
+  return stages_[0]->prepared->read_state(input);
 }
 
 std::unique_ptr<DagExecutor> prepare_partitioned(const Program& program, const compiler::Target& target,

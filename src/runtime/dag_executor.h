@@ -46,6 +46,10 @@ class DagExecutor final : public PreparedProgram {
   std::vector<KernelTiming> last_timings() const override;
   // Nodes run by a reference implementation: on a reference partition, or by a backend's generic kernel.
   std::vector<std::string> fallback_nodes() const override;
+  // State kept between runs, for a program that runs whole on one backend.
+  void bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
+                  const PreparedProgram* share_with = nullptr) override;
+  Tensor read_state(const std::string& input) const override;
 
   const compiler::PartitionPlan& plan() const { return plan_; }
   size_t stage_count() const { return stages_.size(); }
@@ -55,6 +59,11 @@ class DagExecutor final : public PreparedProgram {
 
  private:
   struct Stage;
+  std::unique_ptr<Stage> whole_stage(const Program& program) const;
+  std::unique_ptr<Stage> partition_stage(const Program& program, size_t index) const;
+  void prepare_stage(Stage& stage, const std::vector<std::pair<ValueId, Tensor>>& weights,
+                     const BackendMaker& make_backend);
+  void collect_output_weights(const std::vector<std::pair<ValueId, Tensor>>& weights);
   void record_kernels(const Stage& stage, double start_us);
 
   Graph graph_;  // the whole program's graph

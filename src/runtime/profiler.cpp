@@ -22,6 +22,12 @@ std::string rate_or_dash(double value) {
   return text;
 }
 
+std::string partition_name(size_t index) {
+  char text[32];
+  std::snprintf(text, sizeof text, "#%zu", index);
+  return text;
+}
+
 bool is_matrix_product(const std::string& op) {
   return op == "linear" || op == "matmul" || op == "mm" || op == "bmm" || op == "addmm" || op == "baddbmm";
 }
@@ -100,20 +106,21 @@ std::string format_profile(const RunProfile& profile) {
   text += line;
   for (size_t p = 0; p < profile.partitions.size(); ++p) {
     const PartitionRecord& partition = profile.partitions[p];
-    std::snprintf(line, sizeof line, "%-4zu %-30s %8zu %10.3f %5.1f%%\n", p, partition.label.c_str(),
-                  partition.kernels, partition.duration_us / 1e3,
+    std::snprintf(line, sizeof line, "%-4zu %-30s %8zu %10.3f %5.1f%%\n", p, partition.label.c_str(), partition.kernels,
+                  partition.duration_us / 1e3,
                   profile.total_us > 0 ? 100.0 * partition.duration_us / profile.total_us : 0.0);
     text += line;
   }
 
   if (!profile.transfers.empty()) {
-    std::snprintf(line, sizeof line, "\n%-28s %10s %12s %10s %8s\n", "transfer (value)", "from -> to", "bytes",
-                  "ms", "GB/s");
+    std::snprintf(line, sizeof line, "\n%-28s %10s %12s %10s %8s\n", "transfer (value)", "from -> to", "bytes", "ms",
+                  "GB/s");
     text += line;
     double bytes = 0.0, us = 0.0;
     for (const TransferRecord& t : profile.transfers) {
-      const std::string route = "#" + std::to_string(t.from_partition) + " -> #" + std::to_string(t.to_partition);
-      std::snprintf(line, sizeof line, "%-28s %10s %12lld %10.4f %8s\n", t.value.c_str(), route.c_str(),
+      char route[48];
+      std::snprintf(route, sizeof route, "#%d -> #%d", t.from_partition, t.to_partition);
+      std::snprintf(line, sizeof line, "%-28s %10s %12lld %10.4f %8s\n", t.value.c_str(), route,
                     static_cast<long long>(t.bytes), t.duration_us / 1e3,
                     rate_or_dash(gigabytes_per_second(static_cast<double>(t.bytes), t.duration_us)).c_str());
       text += line;
@@ -135,21 +142,24 @@ std::string chrome_trace(const RunProfile& profile) {
   const int transfer_track = static_cast<int>(profile.partitions.size()) + 1;
   json events = json::array();
   auto name_track = [&](int track, const std::string& name) {
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", kProcess}, {"tid", track},
-                      {"args", {{"name", name}}}});
-    events.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", kProcess}, {"tid", track},
+    events.push_back(
+        {{"name", "thread_name"}, {"ph", "M"}, {"pid", kProcess}, {"tid", track}, {"args", {{"name", name}}}});
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", kProcess},
+                      {"tid", track},
                       {"args", {{"sort_index", track}}}});
   };
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", kProcess}, {"tid", 0},
-                    {"args", {{"name", "npusim"}}}});
+  events.push_back(
+      {{"name", "process_name"}, {"ph", "M"}, {"pid", kProcess}, {"tid", 0}, {"args", {{"name", "npusim"}}}});
   for (size_t p = 0; p < profile.partitions.size(); ++p) {
     const PartitionRecord& partition = profile.partitions[p];
     const int track = static_cast<int>(p) + 1;
-    name_track(track, "#" + std::to_string(p) + " " + partition.label);
+    name_track(track, partition_name(p) + " " + partition.label);
     double end_us = partition.start_us + partition.duration_us;
     for (const KernelRecord& k : profile.kernels)
       if (k.partition == static_cast<int32_t>(p)) end_us = std::max(end_us, k.start_us + k.duration_us);
-    events.push_back({{"name", "partition #" + std::to_string(p)},
+    events.push_back({{"name", "partition " + partition_name(p)},
                       {"cat", "partition"},
                       {"ph", "X"},
                       {"ts", partition.start_us},
@@ -173,17 +183,15 @@ std::string chrome_trace(const RunProfile& profile) {
                         {"flops", k.flops}}}});
   if (!profile.transfers.empty()) name_track(transfer_track, "transfers");
   for (const TransferRecord& t : profile.transfers)
-    events.push_back({{"name", "transfer " + t.value},
-                      {"cat", "transfer"},
-                      {"ph", "X"},
-                      {"ts", t.start_us},
-                      {"dur", t.duration_us},
-                      {"pid", kProcess},
-                      {"tid", transfer_track},
-                      {"args",
-                       {{"bytes", t.bytes},
-                        {"from_partition", t.from_partition},
-                        {"to_partition", t.to_partition}}}});
+    events.push_back(
+        {{"name", "transfer " + t.value},
+         {"cat", "transfer"},
+         {"ph", "X"},
+         {"ts", t.start_us},
+         {"dur", t.duration_us},
+         {"pid", kProcess},
+         {"tid", transfer_track},
+         {"args", {{"bytes", t.bytes}, {"from_partition", t.from_partition}, {"to_partition", t.to_partition}}}});
   return json({{"traceEvents", events}, {"displayTimeUnit", "ms"}}).dump();
 }
 

@@ -18,7 +18,7 @@ struct KernelRecord {
   int32_t partition = 0;
   double start_us = 0.0;
   double duration_us = 0.0;
-  int64_t bytes = 0;  // read and written, as stored (0 for views, which move nothing)
+  int64_t bytes = 0;   // read and written, as stored (0 for views, which move nothing)
   double flops = 0.0;  // 0 where not estimated
 };
 

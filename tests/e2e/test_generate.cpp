@@ -209,8 +209,8 @@ TEST(Generate, NativeAndExportedGraphsAgree) {
     Session exported(tiny(), exported_options());
     std::vector<float> a = native.feed(prompt), b = exported.feed(prompt);
     for (int step = 0; step < 4; ++step) {
-      expect_close(row_tensor(a), row_tensor(b), 1e-4, "length " + std::to_string(length) + " step " +
-                                                           std::to_string(step));
+      expect_close(row_tensor(a), row_tensor(b), 1e-4,
+                   "length " + std::to_string(length) + " step " + std::to_string(step));
       const int32_t token = argmax(a);
       ASSERT_EQ(token, argmax(b));
       a = native.feed(std::span<const int32_t>(&token, 1));
@@ -378,8 +378,8 @@ std::string join_ids(const std::vector<int32_t>& ids, const char* separator) {
 // stdout of the command; stderr goes to `stderr_text`.
 test::CommandResult run_generate(const std::string& options, std::string& stderr_text) {
   const std::string err = test::work_dir("generate") + "/stderr.txt";
-  const test::CommandResult result =
-      test::run_command("{ " + test::cli() + " generate --model " + tiny().path() + " " + options + " 2>" + err + "; }");
+  const test::CommandResult result = test::run_command("{ " + test::cli() + " generate --model " + tiny().path() + " " +
+                                                       options + " 2>" + err + "; }");
   std::ifstream in(err);
   stderr_text.assign(std::istreambuf_iterator<char>(in), {});
   return result;
@@ -444,26 +444,38 @@ const ModelDir& tiny_with_text() {
     nlohmann::json added = nlohmann::json::array();
     const char* specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     for (int i = 0; i < 3; ++i)
-      added.push_back({{"id", 300 + i}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
-                       {"rstrip", false}, {"normalized", false}, {"special", true}});
+      added.push_back({{"id", 300 + i},
+                       {"content", specials[i]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", true}});
     const nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}};
     const nlohmann::json tokenizer = {
         {"version", "1.0"},
         {"added_tokens", added},
         {"normalizer", nullptr},
-        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
-                           {"use_regex", true}}},
+        {"pre_tokenizer",
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}}},
         {"post_processor", byte_level},
         {"decoder", byte_level},
-        {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"fuse_unk", false},
-                   {"byte_fallback", false}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+        {"model",
+         {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", nullptr},
+          {"fuse_unk", false},
+          {"byte_fallback", false},
+          {"vocab", vocab},
+          {"merges", nlohmann::json::array()}}}};
     std::ofstream(dir + "/tokenizer.json") << tokenizer.dump();
     std::ifstream jinja(test::kData + "/tokenizer/templates/qwen2_5.jinja");
     const std::string chat_template(std::istreambuf_iterator<char>(jinja), {});
-    std::ofstream(dir + "/tokenizer_config.json")
-        << nlohmann::json{{"chat_template", chat_template}, {"eos_token", "<|im_end|>"},
-                          {"pad_token", "<|endoftext|>"}, {"bos_token", nullptr}}
-               .dump();
+    std::ofstream(dir + "/tokenizer_config.json") << nlohmann::json{
+        {"chat_template", chat_template},
+        {"eos_token", "<|im_end|>"},
+        {"pad_token", "<|endoftext|>"},
+        {"bos_token", nullptr}}.dump();
     return ModelDir::open(dir);
   }();
   return model;

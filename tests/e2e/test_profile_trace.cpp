@@ -33,13 +33,14 @@ std::string tensor_meta(const std::string& name, const std::string& shape, const
 std::string small_model_ir() {
   const std::string x = tensor_meta("x", "[3, 4]", "x");
   auto node = [](const std::string& name, const std::string& op, const std::string& inputs, const std::string& attrs) {
-    return R"({"name": ")" + name + R"(", "op_type": ")" + op + R"(", "inputs": [)" + inputs +
-           R"(], "outputs": [)" + tensor_meta(name, op == "aten.linear.default" ? "[3, 5]" : "[3, 5]") +
-           R"(], "attrs": )" + attrs + "}";
+    return R"({"name": ")" + name + R"(", "op_type": ")" + op + R"(", "inputs": [)" + inputs + R"(], "outputs": [)" +
+           tensor_meta(name, op == "aten.linear.default" ? "[3, 5]" : "[3, 5]") + R"(], "attrs": )" + attrs + "}";
   };
   return R"({"model_name": "Small", "graph_inputs": [)" + tensor_meta("x", "[3, 4]") + R"(],
-    "graph_outputs": [)" + tensor_meta("softmax", "[3, 5]") + R"(],
-    "weights": [)" + tensor_meta("fc.weight", "[5, 4]") + ", " + tensor_meta("fc.bias", "[5]") + R"(],
+    "graph_outputs": [)" +
+         tensor_meta("softmax", "[3, 5]") + R"(],
+    "weights": [)" +
+         tensor_meta("fc.weight", "[5, 4]") + ", " + tensor_meta("fc.bias", "[5]") + R"(],
     "weight_name_mapping": {"p_fc_weight": "fc.weight", "p_fc_bias": "fc.bias"},
     "nodes": [)" +
          node("linear", "aten.linear.default",
@@ -128,7 +129,8 @@ TEST(ProfileTrace, ReportShowsPartitionsAndTransfersBeforeRunning) {
   EXPECT_TRUE(std::regex_search(report.output, std::regex(R"(cumsum +\[3, 5\] float32  #1 -> #2 \(target\)  60 B)")))
       << report.output;
 
-  const auto strict = test::run_command(cli() + " compile " + f.model + " --target " + f.target + " --report --no-fallback");
+  const auto strict =
+      test::run_command(cli() + " compile " + f.model + " --target " + f.target + " --report --no-fallback");
   EXPECT_EQ(strict.exit_code, 1) << strict.output;
   EXPECT_TRUE(contains(strict.output, "without fallback (ops it cannot run: cumsum)")) << strict.output;
   EXPECT_TRUE(contains(strict.output, "node 'cumsum' (cumsum)")) << strict.output;
@@ -151,10 +153,11 @@ TEST(ProfileTrace, RunSplitProfilesAndTracesEveryKernel) {
   const auto split = test::run_command(cli() + " run " + f.model + " --target " + f.target + common + f.dir +
                                        "/split.safetensors --profile --trace " + trace_path);
   ASSERT_EQ(split.exit_code, 0) << split.output;
-  for (const std::string& fragment : std::vector<std::string>{"kernel (op)", "linear", "cumsum", "softmax", "total", "npu-lite (cpu)",
-                               "fallback (cpu)", "transfer (value)", "#0 -> #1", "#1 -> #2", "GB/s",
-                               "npu-lite on cpu, float32, 3 partitions, 1 of 5 nodes on the fallback cpu",
-                               "wrote trace " + trace_path + " (5 kernels)"})
+  for (const std::string& fragment :
+       std::vector<std::string>{"kernel (op)", "linear", "cumsum", "softmax", "total", "npu-lite (cpu)",
+                                "fallback (cpu)", "transfer (value)", "#0 -> #1", "#1 -> #2", "GB/s",
+                                "npu-lite on cpu, float32, 3 partitions, 1 of 5 nodes on the fallback cpu",
+                                "wrote trace " + trace_path + " (5 kernels)"})
     EXPECT_TRUE(contains(split.output, fragment)) << fragment << "\n" << split.output;
 
   const TraceSummary trace = check_trace(read_json(trace_path));
@@ -167,13 +170,13 @@ TEST(ProfileTrace, RunSplitProfilesAndTracesEveryKernel) {
   EXPECT_EQ(trace.track_names.at(4), "transfers");
 
   // The same outputs as the single-backend run and as the reference.
-  const auto single =
-      test::run_command(cli() + " run " + f.model + common + f.dir + "/single.safetensors");
+  const auto single = test::run_command(cli() + " run " + f.model + common + f.dir + "/single.safetensors");
   ASSERT_EQ(single.exit_code, 0) << single.output;
   const auto reference =
       test::run_command(cli() + " run " + f.model + " --reference" + common + f.dir + "/reference.safetensors");
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  const auto same = test::run_command(cli() + " verify " + f.dir + "/split.safetensors " + f.dir + "/single.safetensors");
+  const auto same =
+      test::run_command(cli() + " verify " + f.dir + "/split.safetensors " + f.dir + "/single.safetensors");
   EXPECT_EQ(same.exit_code, 0) << same.output;
   EXPECT_TRUE(contains(same.output, "max|diff| 0 ")) << same.output;
   const auto close =
@@ -194,8 +197,10 @@ TEST(ProfileTrace, CompiledProgramRunsSplitWithItsTargetFile) {
   EXPECT_EQ(without.exit_code, 1) << without.output;
   EXPECT_TRUE(contains(without.output, "compiled for target 'npu-lite'; give its target file with --target"))
       << without.output;
-  const auto trace_reference = test::run_command(cli() + " run " + f.model + " --reference --random-weights 3 "
-                                                 "--random-inputs 4 --trace " + f.dir + "/no.json");
+  const auto trace_reference = test::run_command(cli() + " run " + f.model +
+                                                 " --reference --random-weights 3 "
+                                                 "--random-inputs 4 --trace " +
+                                                 f.dir + "/no.json");
   EXPECT_EQ(trace_reference.exit_code, 1) << trace_reference.output;
   EXPECT_TRUE(contains(trace_reference.output, "leave out --reference")) << trace_reference.output;
 }
@@ -211,8 +216,10 @@ TEST(ProfileTrace, ResNetTraceHasOneEventPerKernel) {
   ASSERT_TRUE(std::regex_search(compiled.output, match, std::regex(R"(\((\d+) kernels)"))) << compiled.output;
   const int kernels = std::stoi(match[1]);
   EXPECT_GT(kernels, 20);
-  const auto run = test::run_command(cli() + " run " + dir + "/resnet18.npubin --random-weights 1 --random-inputs 2 "
-                                     "--profile --trace " + trace_path);
+  const auto run = test::run_command(cli() + " run " + dir +
+                                     "/resnet18.npubin --random-weights 1 --random-inputs 2 "
+                                     "--profile --trace " +
+                                     trace_path);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_TRUE(contains(run.output, "(" + std::to_string(kernels) + " kernels)")) << run.output;
   const TraceSummary trace = check_trace(read_json(trace_path));

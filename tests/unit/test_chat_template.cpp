@@ -141,8 +141,11 @@ TEST(ChatTemplateTest, Qwen25AddsItsDefaultSystemPrompt) {
 
 TEST(ChatTemplateTest, Qwen25WrapsConsecutiveToolMessagesInOneUserTurn) {
   const ChatTemplate qwen = template_file("qwen2_5.jinja");
-  const Messages messages = {{"user", "weather?"}, {"assistant", "checking"}, {"tool", "{\"t\": 20}"},
-                             {"tool", "{\"h\": 5}"}, {"user", "thanks"}};
+  const Messages messages = {{"user", "weather?"},
+                             {"assistant", "checking"},
+                             {"tool", "{\"t\": 20}"},
+                             {"tool", "{\"h\": 5}"},
+                             {"user", "thanks"}};
   EXPECT_EQ(apply_chat_template(qwen, messages, false),
             chatml("system", kQwenSystem) + chatml("user", "weather?") + chatml("assistant", "checking") +
                 "<|im_start|>user\n<tool_response>\n{\"t\": 20}\n</tool_response>\n<tool_response>\n{\"h\": 5}\n"
@@ -161,9 +164,9 @@ TEST(ChatTemplateTest, Qwen3KeepsReasoningOnlyAfterTheLastQuery) {
   // The reply to the last query keeps its reasoning, normalized to one block.
   Messages answered = history;
   answered.push_back({"assistant", "<think>r2</think>A2"});
-  EXPECT_EQ(apply_chat_template(qwen, answered, false),
-            chatml("user", "Q1") + chatml("assistant", "A1") + chatml("user", "Q2") +
-                chatml("assistant", "<think>\nr2\n</think>\n\nA2"));
+  EXPECT_EQ(apply_chat_template(qwen, answered, false), chatml("user", "Q1") + chatml("assistant", "A1") +
+                                                            chatml("user", "Q2") +
+                                                            chatml("assistant", "<think>\nr2\n</think>\n\nA2"));
   // The last assistant message gets an (empty) think block even without reasoning.
   EXPECT_EQ(apply_chat_template(qwen, {{"user", "Q"}, {"assistant", "A"}}, false),
             chatml("user", "Q") + chatml("assistant", "<think>\n\n</think>\n\nA"));
@@ -175,7 +178,8 @@ TEST(ChatTemplateTest, Qwen3KeepsReasoningOnlyAfterTheLastQuery) {
                                  {"assistant", "<think>b</think>done"}},
                                 false),
             chatml("user", "Q") + chatml("assistant", "<think>\na\n</think>\n\ncall") +
-                chatml("user", "<tool_response>r</tool_response>") + chatml("assistant", "<think>\nb\n</think>\n\ndone"));
+                chatml("user", "<tool_response>r</tool_response>") +
+                chatml("assistant", "<think>\nb\n</think>\n\ndone"));
   ChatTemplate no_thinking = qwen;
   no_thinking.enable_thinking = false;
   EXPECT_EQ(apply_chat_template(no_thinking, {{"user", "Q"}}, true),
@@ -197,8 +201,9 @@ TEST(ChatTemplateTest, Llama31OpensWithTheDatedSystemHeader) {
   const std::string header = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
   EXPECT_EQ(apply_chat_template(llama31, {{"user", "Hi"}}, true),
             kBos + llama("system", header) + llama("user", "Hi") + kLlamaAssistant);
-  EXPECT_EQ(apply_chat_template(llama31, {{"system", "  Be terse.\n"}, {"user", "Hi"}, {"assistant", " Hello "}}, false),
-            kBos + llama("system", header + "Be terse.") + llama("user", "Hi") + llama("assistant", "Hello"));
+  EXPECT_EQ(
+      apply_chat_template(llama31, {{"system", "  Be terse.\n"}, {"user", "Hi"}, {"assistant", " Hello "}}, false),
+      kBos + llama("system", header + "Be terse.") + llama("user", "Hi") + llama("assistant", "Hello"));
   // Tool results go under the ipython header, untrimmed and through tojson (the template's quirk for strings).
   EXPECT_EQ(apply_chat_template(llama31, {{"user", "Hi"}, {"tool", " 4\"2\\\n\x01 "}}, false),
             kBos + llama("system", header) + llama("user", "Hi") + llama("ipython", "\" 4\\\"2\\\\\\n\\u0001 \""));
@@ -209,10 +214,16 @@ TEST(ChatTemplateTest, Llama31OpensWithTheDatedSystemHeader) {
 }
 
 TEST(ChatTemplateTest, RolesOutsideTheTemplateAreErrors) {
-  expect_error([] { apply_chat_template(template_file("qwen2_5.jinja"), {{"user", "a"}, {"function", "b"}}, true); },
-               {"chat message 1", "'function'", "qwen2_5.jinja"});
-  expect_error([] { apply_chat_template(template_file("llama3_1.jinja", kBos), {{"", "a"}}, true); },
-               {"chat message 0", "role ''"});
+  expect_error(
+      [] {
+        apply_chat_template(template_file("qwen2_5.jinja"), {{"user", "a"}, {"function", "b"}}, true);
+      },
+      {"chat message 1", "'function'", "qwen2_5.jinja"});
+  expect_error(
+      [] {
+        apply_chat_template(template_file("llama3_1.jinja", kBos), {{"", "a"}}, true);
+      },
+      {"chat message 0", "role ''"});
   EXPECT_NO_THROW(apply_chat_template(template_file("llama3_1.jinja", kBos), {{"ipython", "a"}}, true));
 }
 
@@ -298,17 +309,24 @@ TEST(ChatTemplateReferenceTest, MatchesTransformersRendering) {
   const std::vector<Messages> conversations = {
       {{"user", "Hello"}},
       {{"system", "  You are terse.\n"}, {"user", " What is 2+2? "}, {"assistant", "4"}, {"user", "And 3+3?\n"}},
-      {{"user", "Q1"}, {"assistant", "<think>\nr1\n</think>\n\nA1"}, {"user", "Q2"}, {"assistant", "<think>r2</think>A2"}},
+      {{"user", "Q1"},
+       {"assistant", "<think>\nr1\n</think>\n\nA1"},
+       {"user", "Q2"},
+       {"assistant", "<think>r2</think>A2"}},
       {{"user", "Q1"}, {"assistant", "plain"}, {"user", "Q2"}, {"assistant", "\n\n<think>x</think>\n\ny\n"}},
-      {{"user", "weather?"}, {"assistant", "checking"}, {"tool", "{\"t\": 20}"}, {"tool", "a\\b\n\tc\x01"}, {"user", "ok"}},
+      {{"user", "weather?"},
+       {"assistant", "checking"},
+       {"tool", "{\"t\": 20}"},
+       {"tool", "a\\b\n\tc\x01"},
+       {"user", "ok"}},
       {{"user", "Q"}, {"assistant", "<think>a</think>call"}, {"user", "<tool_response>r</tool_response>"}},
       {{"system", "Only system"}},
       {{"user", "\t \u00dcn\u00efc\u00f6d\u00e9 \u65e5\u672c \xF0\x9F\x98\x80 \n\n"}, {"assistant", "\u00a0ok\u3000"}},
       {{"user", "line1\nline2"}, {"assistant", "<|im_end|> inside"}, {"user", "{{ not jinja }} {% raw %}"}},
   };
   const std::string date = "05 Mar 2025";
-  std::vector<std::string> names = {"qwen2.jinja", "qwen2_5.jinja", "qwen3.jinja", "llama3.jinja", "llama3_1.jinja",
-                                    "llama3_2.jinja"};
+  std::vector<std::string> names = {"qwen2.jinja",  "qwen2_5.jinja",  "qwen3.jinja",
+                                    "llama3.jinja", "llama3_1.jinja", "llama3_2.jinja"};
   std::vector<Case> cases;
   for (const std::string& name : names)
     for (const Messages& conversation : conversations)

@@ -109,13 +109,14 @@ void expect_identical(const NamedTensors& actual, const NamedTensors& expected, 
   }
 }
 
-void expect_close(const NamedTensors& actual, const NamedTensors& expected, double tolerance, const std::string& label) {
+void expect_close(const NamedTensors& actual, const NamedTensors& expected, double tolerance,
+                  const std::string& label) {
   ASSERT_EQ(actual.size(), expected.size()) << label;
   for (size_t i = 0; i < actual.size(); ++i) {
     EXPECT_EQ(actual[i].first, expected[i].first) << label;
     const Comparison c = compare_tensors(actual[i].second, expected[i].second);
-    EXPECT_LE(c.max_abs_diff, tolerance * std::max(1.0, c.max_abs_reference)) << label << " " << actual[i].first
-                                                                              << ": " << c.summary();
+    EXPECT_LE(c.max_abs_diff, tolerance * std::max(1.0, c.max_abs_reference))
+        << label << " " << actual[i].first << ": " << c.summary();
   }
 }
 
@@ -276,6 +277,37 @@ TEST(DagExecutor, PassThroughOutputsAndMissingInputs) {
   }
 }
 
+// A cache updated in place run after run, through a program that runs whole; a split program refuses state.
+TEST(DagExecutor, StateKeptBetweenRunsOfAWholeProgram) {
+  GraphBuilder b;
+  const ValueId cache = b.input("cache", {2});
+  const ValueId x = b.input("x", {2});
+  const ValueId next = b.op("add", {cache, x});
+  b.output(next);
+  b.output(b.op("neg", {next}));
+  Tensor in(DType::Float32, {2});
+  in.mutable_data<float>()[0] = 1.0f;
+  in.mutable_data<float>()[1] = 2.0f;
+  const Compiled whole = compile(b.graph(), "cpu");
+  DagExecutor executor(whole.program, whole.report.partitions, {});
+  executor.bind_state({{"cache", "add_0"}});
+  executor.run({{"x", in}});
+  const NamedTensors out = executor.run({{"x", in}});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].first, "neg_1");
+  EXPECT_EQ(out[0].second.data<float>()[0], -2.0f);
+  EXPECT_EQ(out[0].second.data<float>()[1], -4.0f);
+  const Tensor state = executor.read_state("cache");
+  EXPECT_EQ(state.data<float>()[0], 2.0f);
+  EXPECT_EQ(state.data<float>()[1], 4.0f);
+
+  const Compiled split = compile(b.graph(), target_without("no-add", {"add"}));
+  ASSERT_EQ(split.report.partitions.partitions.size(), 2u);
+  DagExecutor partitioned(split.program, split.report.partitions, {});
+  EXPECT_THROW(partitioned.bind_state({{"cache", "add_0"}}), Error);
+  EXPECT_THROW(partitioned.read_state("cache"), Error);
+}
+
 TEST(DagExecutor, ProfileCountsEveryKernelOfTheProgram) {
   const SplitModel model;
   const Compiled c = compile(model.b.graph(), target_without("no-cumsum", {"cumsum"}));
@@ -361,8 +393,8 @@ TEST(DagExecutor, QwenTinyDecodeSplitMatchesTheSingleBackendRunAndTheReference) 
     ASSERT_EQ(actual.size(), 5u);
     for (size_t i = 0; i < actual.size(); ++i) {
       const Comparison cmp = compare_tensors(actual[i].second, reference.get("out_" + std::to_string(i)));
-      EXPECT_LE(cmp.max_abs_diff, 1e-4 * std::max(1.0, cmp.max_abs_reference)) << label << " out_" << i << ": "
-                                                                                << cmp.summary();
+      EXPECT_LE(cmp.max_abs_diff, 1e-4 * std::max(1.0, cmp.max_abs_reference))
+          << label << " out_" << i << ": " << cmp.summary();
     }
   }
 }

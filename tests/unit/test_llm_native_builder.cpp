@@ -58,9 +58,8 @@ TEST(NativeBuilder, DecodeStepInputsOutputsAndCaches) {
   std::vector<std::pair<std::string, Shape>> inputs;
   for (ValueId id : graph.inputs) inputs.emplace_back(graph.value(id).name, graph.value(id).meta.shape);
   const std::vector<std::pair<std::string, Shape>> expected{
-      {"input_ids", {1, 1}},        {"position_ids", {1, 1}},     {"cache_position", {1}},
-      {"kv_0", {1, 2, 16, 8}},      {"kv_1", {1, 2, 16, 8}},      {"kv_2", {1, 2, 16, 8}},
-      {"kv_3", {1, 2, 16, 8}}};
+      {"input_ids", {1, 1}},   {"position_ids", {1, 1}}, {"cache_position", {1}}, {"kv_0", {1, 2, 16, 8}},
+      {"kv_1", {1, 2, 16, 8}}, {"kv_2", {1, 2, 16, 8}},  {"kv_3", {1, 2, 16, 8}}};
   EXPECT_EQ(inputs, expected);
   ASSERT_EQ(graph.outputs.size(), 5u);
   EXPECT_EQ(graph.value(graph.outputs[0]).meta.shape, (Shape{1, 1, 40}));
@@ -149,11 +148,13 @@ TEST(NativeBuilder, ChunkMaskShowsEachRowItsPast) {
 }
 
 TEST(NativeBuilder, RefusesWhatItDoesNotBuild) {
-  expect_error([] { build_native_graph(ModelConfig::parse(config_json(R"(, "architectures": ["MambaForCausalLM"])"),
-                                                          "mamba.json"),
-                                       {.tokens = 1, .context = 4}); },
-               {"mamba.json", "unknown architecture MambaForCausalLM", "Qwen2ForCausalLM (qwen2)",
-                "LlamaForCausalLM (llama)", "--prefill-ir"});
+  expect_error(
+      [] {
+        build_native_graph(ModelConfig::parse(config_json(R"(, "architectures": ["MambaForCausalLM"])"), "mamba.json"),
+                           {.tokens = 1, .context = 4});
+      },
+      {"mamba.json", "unknown architecture MambaForCausalLM", "Qwen2ForCausalLM (qwen2)", "LlamaForCausalLM (llama)",
+       "--prefill-ir"});
   expect_error([] { check_native_support(ModelConfig::parse(config_json(R"(, "model_type": "phi3")"), "phi.json")); },
                {"unknown model_type 'phi3'"});
   expect_error([] { check_native_support(llama(R"(, "partial_rotary_factor": 0.5)")); }, {"partial_rotary_factor"});
@@ -174,8 +175,10 @@ TEST(GenerationConfig, ReadsSamplingDefaultsAndEosLists) {
   EXPECT_EQ(config.repetition_penalty, 1.1);
   EXPECT_EQ(config.eos_token_ids, (std::vector<int64_t>{151645, 151643}));
   EXPECT_EQ(config.bos_token_ids, (std::vector<int64_t>{151643}));
-  expect_error([] { GenerationConfig::parse(R"({"top_k": 1.5})", "g.json"); }, {"g.json", "'top_k' must be an integer"});
-  expect_error([] { GenerationConfig::parse(R"({"temperature": "hot"})", "g.json"); }, {"'temperature' must be a number"});
+  expect_error([] { GenerationConfig::parse(R"({"top_k": 1.5})", "g.json"); },
+               {"g.json", "'top_k' must be an integer"});
+  expect_error([] { GenerationConfig::parse(R"({"temperature": "hot"})", "g.json"); },
+               {"'temperature' must be a number"});
   expect_error([] { GenerationConfig::parse(R"({"eos_token_id": ["</s>"]})", "g.json"); }, {"token ids"});
   expect_error([] { GenerationConfig::parse("[1]", "g.json"); }, {"must be a JSON object"});
   expect_error([] { GenerationConfig::parse("{", "g.json"); }, {"not valid JSON"});

@@ -58,8 +58,7 @@ Program cache_program(DType storage = DType::Float32, bool cache_read_twice = fa
   const ValueId position = b.input("position", {1}, DType::Int64);
   const ValueId row = b.input("row", {1, 2});
   const ValueId updated = b.node("index_copy", "cache_out", {cache, position, row}, attrs_of({{"dim", int64_t{0}}}));
-  const ValueId doubled =
-      b.node("mul", "doubled", {cache_read_twice ? cache : updated}, attrs_of({{"other", 2.0}}));
+  const ValueId doubled = b.node("mul", "doubled", {cache_read_twice ? cache : updated}, attrs_of({{"other", 2.0}}));
   Program program;
   program.compute_dtype = storage;
   program.graph = b.finish({doubled, updated});
@@ -122,6 +121,22 @@ TEST(BackendState, UpdatesTheCacheInPlaceAcrossRuns) {
   }
 }
 
+TEST(BackendState, StateBoundAtPrepareAllocatesNoOtherBuffersForIt) {
+  cpu::CpuBackend backend;
+  auto plain = backend.prepare(cache_program(), {});
+  auto bound = backend.prepare_with_state(cache_program(), {}, kPairs);
+  auto shared = backend.prepare_with_state(cache_program(), {}, kPairs, bound.get());
+  // The plain program holds the cache input and output apart; the bound one holds the state once; the one that
+  // shares it holds none of it.
+  EXPECT_EQ(plain->allocated_bytes() - bound->allocated_bytes(), 4 * 2 * 4);
+  EXPECT_EQ(bound->allocated_bytes() - shared->allocated_bytes(), 4 * 2 * 4);
+  bound->run({{"position", position(1)}, {"row", floats({1, 2}, {3, 4})}});
+  shared->run({{"position", position(2)}, {"row", floats({1, 2}, {5, 6})}});
+  EXPECT_EQ(values_of(bound->read_state("cache")), (std::vector<float>{0, 0, 3, 4, 5, 6, 0, 0}));
+  expect_error([&] { backend.prepare_with_state(cache_program(DType::Float32, true), {}, kPairs); },
+               {"node 'doubled' reads the input too"});
+}
+
 TEST(BackendState, TwoProgramsShareOneState) {
   cpu::CpuBackend backend;
   auto writer = backend.prepare(cache_program(), {});
@@ -150,10 +165,16 @@ TEST(BackendState, MisusesAreClearErrors) {
   prepared->bind_state(kPairs);
   expect_error([&] { prepared->bind_state(kPairs); }, {"already state"});
   expect_error([&] { prepared->run({{"position", position(0)}}); }, {"missing input 'row'"});
-  expect_error([&] { prepared->run({{"position", position(0)}, {"row", floats({1, 2}, {1, 2})}, {"x", position(0)}}); },
-               {"no graph input named 'x'"});
-  expect_error([&] { prepared->run({{"position", position(0)}, {"row", floats({2, 1}, {1, 2})}}); },
-               {"input 'row' has shape [2, 1]"});
+  expect_error(
+      [&] {
+        prepared->run({{"position", position(0)}, {"row", floats({1, 2}, {1, 2})}, {"x", position(0)}});
+      },
+      {"no graph input named 'x'"});
+  expect_error(
+      [&] {
+        prepared->run({{"position", position(0)}, {"row", floats({2, 1}, {1, 2})}});
+      },
+      {"input 'row' has shape [2, 1]"});
 }
 
 }  // namespace

@@ -197,8 +197,7 @@ TEST(Coverage, BadDeclarationsAreErrors) {
   expect_error(R"({"backend": "b", "ops": ["frobnicate"]})", "unknown op 'frobnicate'");
   expect_error(R"({"backend": "b", "ops": ["relu", "relu"]})", "listed twice");
   expect_error(R"({"backend": "b", "ops": [{"op": "relu", "speed": 2}]})", "unknown field 'speed'");
-  expect_error(R"({"backend": "b", "ops": [{"op": "softmax", "attrs": {"dim": {"min": 1, "max": 0}}}]})",
-               "is empty");
+  expect_error(R"({"backend": "b", "ops": [{"op": "softmax", "attrs": {"dim": {"min": 1, "max": 0}}}]})", "is empty");
   expect_error(R"({"backend": "b", "ops": [{"op": "softmax", "attrs": {"dim": {"low": 1}}}]})", "unknown field 'low'");
   expect_error(R"({"backend": "b", "ops": [{"op": "softmax", "attrs": {"dim": {"min": "a"}}}]})", "must be a number");
   expect_error(R"({"backend": "b", "ops": [{"op": "softmax", "attrs": {"dim": 1}}]})", "must be an object");
@@ -228,7 +227,8 @@ TEST(Coverage, TableShowsWhereATargetRunsEachOp) {
 
 // docs/ops.md is generated, never edited: regenerate with `npusim ops --markdown > docs/ops.md`.
 TEST(Coverage, DocsOpsMdIsUpToDate) {
-  const std::filesystem::path path = std::filesystem::path(NPUSIM_TEST_DATA).parent_path().parent_path() / "docs" / "ops.md";
+  const std::filesystem::path path =
+      std::filesystem::path(NPUSIM_TEST_DATA).parent_path().parent_path() / "docs" / "ops.md";
   std::ifstream file(path);
   ASSERT_TRUE(file) << path << " is missing: run `npusim ops --markdown > docs/ops.md`";
   std::stringstream text;
@@ -270,7 +270,8 @@ TEST(Placement, UnlistedOpsGoToTheFallbackOrNowhere) {
       << bf16[1].reason;
 
   // A coverage limit moves a listed op to the fallback.
-  const BackendCoverage npu = parse_coverage(R"({"backend": "cpu", "ops": [{"op": "relu", "dtypes": ["int64"]}, "cumsum"]})", "npu");
+  const BackendCoverage npu =
+      parse_coverage(R"({"backend": "cpu", "ops": [{"op": "relu", "dtypes": ["int64"]}, "cumsum"]})", "npu");
   const BackendCoverage cpu = backend_coverage("cpu");
   const auto limited = compiler::place_nodes(b.graph(), test_target({"relu", "cumsum"}), DType::Float32, npu, &cpu);
   EXPECT_EQ(limited[0].side, Side::Fallback);
@@ -349,7 +350,8 @@ TEST(Partition, SplitsAroundAFallbackOpWithTransfers) {
 
 TEST(Partition, OneSideIsOnePartitionAndNoTransfers) {
   SplitGraph s;
-  const compiler::PartitionPlan all = compiler::partition_graph(s.b.graph(), compiler::load_target("cpu"), DType::Float32);
+  const compiler::PartitionPlan all =
+      compiler::partition_graph(s.b.graph(), compiler::load_target("cpu"), DType::Float32);
   ASSERT_EQ(all.partitions.size(), 1u);
   EXPECT_EQ(all.partitions[0].nodes, (std::vector<int32_t>{0, 1, 2, 3}));
   EXPECT_EQ(all.partitions[0].inputs, (std::vector<ValueId>{s.x}));
@@ -373,7 +375,8 @@ TEST(Partition, StartsOnTheSideThatGivesFewerPartitions) {
   const ValueId t1 = b.op("relu", {x});
   const ValueId t2 = b.op("add", {f1, t1});
   b.output(t2);
-  const compiler::PartitionPlan plan = compiler::partition_graph(b.graph(), test_target({"relu", "add"}), DType::Float32);
+  const compiler::PartitionPlan plan =
+      compiler::partition_graph(b.graph(), test_target({"relu", "add"}), DType::Float32);
   ASSERT_EQ(plan.partitions.size(), 2u);
   EXPECT_EQ(plan.partitions[0].side, Side::Fallback);
   EXPECT_EQ(plan.partitions[0].nodes, (std::vector<int32_t>{0}));
@@ -557,8 +560,8 @@ std::string write_target(const std::string& name, const std::string& json) {
 TEST(CompileWithPartitions, ReportListsPartitionsAndNoFallbackListsTheOps) {
   SplitGraph s;
   compiler::CompileOptions options;
-  options.target = write_target("npu_lite.json",
-                                R"({"name": "npu-lite", "backend": "cpu", "ops": ["relu", "add", "neg"], "fallback": "cpu"})");
+  options.target = write_target(
+      "npu_lite.json", R"({"name": "npu-lite", "backend": "cpu", "ops": ["relu", "add", "neg"], "fallback": "cpu"})");
   options.disabled_passes = {"fusions"};
   compiler::CompileReport report;
   const Program program = compiler::compile_graph(s.b.graph(), options, &report);
@@ -574,7 +577,8 @@ TEST(CompileWithPartitions, ReportListsPartitionsAndNoFallbackListsTheOps) {
     compiler::compile_graph(s.b.graph(), options);
     FAIL() << "--no-fallback must turn the fallback into an error";
   } catch (const Error& error) {
-    EXPECT_TRUE(contains(error.what(), "cannot compile for target 'npu-lite' without fallback (ops it cannot run: cumsum)"))
+    EXPECT_TRUE(
+        contains(error.what(), "cannot compile for target 'npu-lite' without fallback (ops it cannot run: cumsum)"))
         << error.what();
     EXPECT_TRUE(contains(error.what(), "node 'cumsum_1' (cumsum)")) << error.what();
   }
@@ -582,8 +586,9 @@ TEST(CompileWithPartitions, ReportListsPartitionsAndNoFallbackListsTheOps) {
   // A bfloat16 program cannot fall back to the float32 reference backend: an error naming the node, fallback or not.
   options.allow_fallback = true;
   options.compute_dtype = DType::BFloat16;
-  options.target = write_target("npu_ref.json",
-                                R"({"name": "npu-ref", "backend": "cpu", "ops": ["relu", "add", "neg"], "fallback": "reference"})");
+  options.target =
+      write_target("npu_ref.json",
+                   R"({"name": "npu-ref", "backend": "cpu", "ops": ["relu", "add", "neg"], "fallback": "reference"})");
   try {
     compiler::compile_graph(s.b.graph(), options);
     FAIL() << "the reference fallback has no bfloat16 storage";

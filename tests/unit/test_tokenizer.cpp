@@ -63,7 +63,8 @@ std::string spelled(const std::string& text) {
 
 // A byte-level BPE tokenizer.json: the 256 single-byte tokens have id = byte value, `extra` tokens (plain text)
 // follow from id 256, `merges` are plain-text pairs. `patch` is merged over the whole file.
-Json tiny_tokenizer(const std::vector<std::string>& extra, const std::vector<std::pair<std::string, std::string>>& merges,
+Json tiny_tokenizer(const std::vector<std::string>& extra,
+                    const std::vector<std::pair<std::string, std::string>>& merges,
                     const Json& patch = Json::object()) {
   Json vocab = Json::object();
   for (int byte = 0; byte < 256; ++byte) vocab[byte_spelling(byte)] = byte;
@@ -82,15 +83,22 @@ Json tiny_tokenizer(const std::vector<std::string>& extra, const std::vector<std
       {"post_processor", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}}},
       {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}}},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-        {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-        {"vocab", vocab}, {"merges", merge_list}}}};
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", merge_list}}}};
   file.merge_patch(patch);
   return file;
 }
 
 Json added_token(int id, const std::string& content, bool special = true) {
-  return {{"id", id},       {"content", content}, {"single_word", false}, {"lstrip", false},
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
           {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
@@ -177,7 +185,10 @@ TEST(SplitPatternTest, WhitespaceRunsLeaveOneSpaceToTheNextWord) {
 
 TEST(SplitPatternTest, PiecesCoverTheTextEvenWithInvalidBytes) {
   EXPECT_EQ(split("", SplitPattern::Qwen2), (Pieces{}));
-  EXPECT_EQ(split("ab\xFF\xFE" "cd", SplitPattern::Qwen2), (Pieces{"ab", "\xFF\xFE", "cd"}));
+  EXPECT_EQ(split("ab\xFF\xFE"
+                  "cd",
+                  SplitPattern::Qwen2),
+            (Pieces{"ab", "\xFF\xFE", "cd"}));
   EXPECT_EQ(split("\xE2\x82", SplitPattern::Qwen2), (Pieces{"\xE2\x82"}));
 }
 
@@ -198,8 +209,8 @@ TEST(UnicodeTest, Categories) {
   EXPECT_TRUE(unicode::is_number(0x00BD));   // ½ (No)
   EXPECT_TRUE(unicode::is_number(0x1D7CE));  // mathematical bold zero
   EXPECT_FALSE(unicode::is_number('x'));
-  for (char32_t space : {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, 0x2000, 0x200A, 0x2028, 0x2029,
-                         0x202F, 0x205F, 0x3000})
+  for (char32_t space :
+       {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, 0x2000, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000})
     EXPECT_TRUE(unicode::is_white_space(space)) << std::hex << static_cast<uint32_t>(space);
   for (char32_t other : {0x08, 0x1C, 0x200B, 0xFEFF, 0x61})
     EXPECT_FALSE(unicode::is_white_space(other)) << std::hex << static_cast<uint32_t>(other);
@@ -210,19 +221,19 @@ TEST(UnicodeTest, Categories) {
 
 TEST(UnicodeTest, NfcComposesReordersAndKeepsComposedText) {
   EXPECT_EQ(unicode::nfc("e\u0301"), "\u00e9");
-  EXPECT_EQ(unicode::nfc("\u1100\u1161\u11a8"), "\uac01");    // Hangul jamo L V T
-  EXPECT_EQ(unicode::nfc("a\u0302\u0323"), "\u1ead");         // reordered (220 before 230), then composed
-  EXPECT_EQ(unicode::nfc("\u212b"), "\u00c5");                // Angstrom sign: singleton decomposition
-  EXPECT_EQ(unicode::nfc("\u2126"), "\u03a9");                // Ohm sign
-  EXPECT_EQ(unicode::nfc("o\u0308\u0304"), "\u022b");         // two compositions in a row
-  EXPECT_EQ(unicode::nfc("\u0344"), "\u0308\u0301");          // excluded from composition
-  EXPECT_EQ(unicode::nfc("\u0f73"), "\u0f71\u0f72");          // excluded
-  EXPECT_EQ(unicode::nfc("\u1e9b\u0323"), "\u1e9b\u0323");    // the dot below is blocked
-  EXPECT_EQ(unicode::nfc("a\u0301\u0301"), "\u00e1\u0301");   // the second accent is blocked by the first
-  EXPECT_EQ(unicode::nfc("\u0915\u093c"), "\u0915\u093c");    // composition exclusion (Devanagari qa)
+  EXPECT_EQ(unicode::nfc("\u1100\u1161\u11a8"), "\uac01");   // Hangul jamo L V T
+  EXPECT_EQ(unicode::nfc("a\u0302\u0323"), "\u1ead");        // reordered (220 before 230), then composed
+  EXPECT_EQ(unicode::nfc("\u212b"), "\u00c5");               // Angstrom sign: singleton decomposition
+  EXPECT_EQ(unicode::nfc("\u2126"), "\u03a9");               // Ohm sign
+  EXPECT_EQ(unicode::nfc("o\u0308\u0304"), "\u022b");        // two compositions in a row
+  EXPECT_EQ(unicode::nfc("\u0344"), "\u0308\u0301");         // excluded from composition
+  EXPECT_EQ(unicode::nfc("\u0f73"), "\u0f71\u0f72");         // excluded
+  EXPECT_EQ(unicode::nfc("\u1e9b\u0323"), "\u1e9b\u0323");   // the dot below is blocked
+  EXPECT_EQ(unicode::nfc("a\u0301\u0301"), "\u00e1\u0301");  // the second accent is blocked by the first
+  EXPECT_EQ(unicode::nfc("\u0915\u093c"), "\u0915\u093c");   // composition exclusion (Devanagari qa)
   EXPECT_EQ(unicode::nfc("\u00c5\u0301"), "\u01fa");
   EXPECT_EQ(unicode::nfc("Ça va? 日本語 😀"), "Ça va? 日本語 😀");
-  EXPECT_EQ(unicode::nfc("e\xFF\u0301"), "e\xFF\u0301");      // nothing composes across an invalid byte
+  EXPECT_EQ(unicode::nfc("e\xFF\u0301"), "e\xFF\u0301");  // nothing composes across an invalid byte
   EXPECT_TRUE(unicode::is_nfc_quick("Straße 東京 한국"));
   EXPECT_FALSE(unicode::is_nfc_quick("e\u0301"));
   EXPECT_FALSE(unicode::is_nfc_quick("\u1100\u1161"));
@@ -243,8 +254,14 @@ TEST(Utf8StreamTest, HoldsBackACharacterUntilItIsComplete) {
 
 TEST(Utf8StreamTest, InvalidBytesBecomeReplacementCharacters) {
   Utf8Stream stream;
-  EXPECT_EQ(stream.push("\xFF" "a"), "\uFFFD" "a");
-  EXPECT_EQ(stream.push("\xE2\x82" "b"), "\uFFFD" "b");  // a truncated sequence interrupted: one U+FFFD
+  EXPECT_EQ(stream.push("\xFF"
+                        "a"),
+            "\uFFFD"
+            "a");
+  EXPECT_EQ(stream.push("\xE2\x82"
+                        "b"),
+            "\uFFFD"
+            "b");  // a truncated sequence interrupted: one U+FFFD
   EXPECT_EQ(stream.push("\xC3"), "");
   EXPECT_EQ(stream.finish(), "\uFFFD");  // still incomplete at the end
   EXPECT_EQ(stream.finish(), "");
@@ -252,12 +269,15 @@ TEST(Utf8StreamTest, InvalidBytesBecomeReplacementCharacters) {
 
 TEST(Utf8StreamTest, ValidatesLikeTheWhatwgDecoder) {
   EXPECT_EQ(to_valid_utf8("ok \xC3\xA9"), "ok \xC3\xA9");
-  EXPECT_EQ(to_valid_utf8("\xC0\xAF"), "\uFFFD\uFFFD");          // overlong lead byte, lone continuation
-  EXPECT_EQ(to_valid_utf8("\xE0\x80\x80"), "\uFFFD\uFFFD\uFFFD");  // overlong three-byte form
-  EXPECT_EQ(to_valid_utf8("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD");  // surrogate
+  EXPECT_EQ(to_valid_utf8("\xC0\xAF"), "\uFFFD\uFFFD");                      // overlong lead byte, lone continuation
+  EXPECT_EQ(to_valid_utf8("\xE0\x80\x80"), "\uFFFD\uFFFD\uFFFD");            // overlong three-byte form
+  EXPECT_EQ(to_valid_utf8("\xED\xA0\x80"), "\uFFFD\uFFFD\uFFFD");            // surrogate
   EXPECT_EQ(to_valid_utf8("\xF4\x90\x80\x80"), "\uFFFD\uFFFD\uFFFD\uFFFD");  // above U+10FFFF
-  EXPECT_EQ(to_valid_utf8("\xF0\x9F\x98"), "\uFFFD");  // truncated at the end: one U+FFFD
-  EXPECT_EQ(to_valid_utf8("\xF0\x9F\x98" "a"), "\uFFFD" "a");
+  EXPECT_EQ(to_valid_utf8("\xF0\x9F\x98"), "\uFFFD");                        // truncated at the end: one U+FFFD
+  EXPECT_EQ(to_valid_utf8("\xF0\x9F\x98"
+                          "a"),
+            "\uFFFD"
+            "a");
   EXPECT_EQ(to_valid_utf8(std::string("a\0b", 3)), std::string("a\0b", 3));
 }
 
@@ -383,10 +403,12 @@ TEST(TokenizerTest, TemplatePostProcessorAddsBos) {
       {"processors",
        {{{"type", "ByteLevel"}, {"trim_offsets", false}},
         {{"type", "TemplateProcessing"},
-         {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
-                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+         {"single",
+          {{{"SpecialToken", {{"id", "<|begin_of_text|>"}, {"type_id", 0}}}},
+           {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
          {"special_tokens",
-          {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {300}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}};
+          {{"<|begin_of_text|>",
+            {{"id", "<|begin_of_text|>"}, {"ids", {300}}, {"tokens", {"<|begin_of_text|>"}}}}}}}}}};
   const std::string config = R"({"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|end_of_text|>"}})";
   const Tokenizer tokenizer = make(file, config);
   EXPECT_EQ(tokenizer.encode("ab", true), (Ids{300, 'a', 'b'}));
@@ -429,7 +451,8 @@ TEST(TokenizerTest, LoadsFromADirectoryWithItsConfig) {
   Json file = tiny_tokenizer({}, {});
   file["added_tokens"] = {added_token(300, "<|endoftext|>"), added_token(301, "<|im_end|>")};
   write_file(dir, "tokenizer.json", file.dump());
-  write_file(dir, "tokenizer_config.json", R"({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": null})");
+  write_file(dir, "tokenizer_config.json",
+             R"({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": null})");
   const Tokenizer from_dir = Tokenizer::load(dir);
   EXPECT_EQ(from_dir.eos_token_id(), 301);
   EXPECT_EQ(from_dir.pad_token_id(), 300);
@@ -462,6 +485,8 @@ TEST(TokenizerTest, ErrorsNameTheFileAndTheField) {
             {"pre_tokenizer.pretokenizers[0].behavior"});
   error_for([](Json& f) { f["pre_tokenizer"] = {{"type", "Metaspace"}}; }, {"pre_tokenizer.type", "Metaspace"});
   error_for([](Json& f) { f["pre_tokenizer"]["pretokenizers"].erase(1); }, {"pre_tokenizer", "no ByteLevel"});
+  error_for([](Json& f) { f["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
+            {"pre_tokenizer.pretokenizers[1].add_prefix_space"});
   error_for([](Json& f) { f["normalizer"] = {{"type", "NFKC"}}; }, {"normalizer.type", "NFKC"});
   error_for([](Json& f) { f["decoder"] = {{"type", "WordPiece"}}; }, {"decoder.type", "WordPiece"});
   error_for([](Json& f) { f["post_processor"] = {{"type", "BertProcessing"}}; }, {"post_processor.type"});
@@ -472,7 +497,8 @@ TEST(TokenizerTest, ErrorsNameTheFileAndTheField) {
 
   expect_error([&] { make(tiny_tokenizer({}, {}), R"({"eos_token": "<|nope|>"})"); },
                {"tiny/tokenizer_config.json", "eos_token", "<|nope|>"});
-  expect_error([&] { make(tiny_tokenizer({}, {}), R"({"eos_token": 5})"); }, {"tiny/tokenizer_config.json", "eos_token"});
+  expect_error([&] { make(tiny_tokenizer({}, {}), R"({"eos_token": 5})"); },
+               {"tiny/tokenizer_config.json", "eos_token"});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -502,8 +528,8 @@ class QwenOracleTest : public ::testing::Test {
   // a test failure, not a skip.
   static void SetUpTestSuite() {
     oracle_dir_ = new std::string(std::string(NPUSIM_WORK_DIR) + "/tokenizer-oracle");
-    const CommandResult fetched = run_command("bash '" + repository_root() + "/scripts/fetch_tokenizer.sh' '" +
-                                              *oracle_dir_ + "' 2>&1");
+    const CommandResult fetched =
+        run_command("bash '" + repository_root() + "/scripts/fetch_tokenizer.sh' '" + *oracle_dir_ + "' 2>&1");
     fetch_log_ = new std::string(fetched.output);
     if (fetched.status != 0) return;
     std::string path = fetched.output;
@@ -526,9 +552,9 @@ class QwenOracleTest : public ::testing::Test {
     const std::string dir = temp_dir();
     const std::string input_path = write_file(dir, "input.json", input.dump());
     const std::string errors_path = dir + "/stderr.txt";
-    const CommandResult result = run_command("node '" + repository_root() + "/tests/js/tokenize_oracle.mjs' " + mode +
-                                             " '" + input_path + "' --oracle-dir '" + *oracle_dir_ + "' 2>'" +
-                                             errors_path + "'");
+    const CommandResult result =
+        run_command("node '" + repository_root() + "/tests/js/tokenize_oracle.mjs' " + mode + " '" + input_path +
+                    "' --oracle-dir '" + *oracle_dir_ + "' 2>'" + errors_path + "'");
     std::ifstream errors(errors_path);
     EXPECT_EQ(result.status, 0) << std::string(std::istreambuf_iterator<char>(errors), {}).substr(0, 4000);
     if (result.status != 0) return Json::array();
@@ -554,14 +580,108 @@ std::vector<std::string> read_corpus() {
 // U+0085 and U+FEFF (\s in JavaScript differs from Oniguruma's there), "'ſ" (case folding differs) and
 // characters newer than the Unicode tables.
 std::vector<std::string> random_texts(size_t count, uint32_t seed) {
-  const std::vector<std::string> fragments = {
-      "a", "Z", "the", " the", "ing", "'s", "'T", "'re", "'LL", "'", "n't", "x", "é", "ß", "Ø", "ñ", "ı", "İ",
-      "e\u0301", "a\u0323\u0302", "\u0301", "\u0308", "\u1100\u1161", "\u11a8", "д", "Жизнь", "λ", "日本", "語",
-      "中文", "。", "、", "カ", "ﾀ", "한", "국어", "ع", "ربي", "٣", "ह", "िं", "्", "ก", "๑", "1", "23", "4567",
-      "½", "Ⅷ", "0.5", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\r", " \n", "\u00a0", "\u3000", "\u2028",
-      "\u200b", "\u200d", "\ufe0f", "😀", "👍🏽", "👨\u200d👩\u200d👧", "🇯🇵", "!", "?", "...", "—", "“", "”",
-      "(", ")", "{", "}", "<", ">", "/", "\\", "#", "$", "_", "-", "=", "==", "->", "://", "<|im_start|>",
-      "<|im_end|>", "<|endoftext|>", "<think>", "</tool_call>", "<|im_", "|>", "\x01", "\x7f", "`", "~"};
+  const std::vector<std::string> fragments = {"a",
+                                              "Z",
+                                              "the",
+                                              " the",
+                                              "ing",
+                                              "'s",
+                                              "'T",
+                                              "'re",
+                                              "'LL",
+                                              "'",
+                                              "n't",
+                                              "x",
+                                              "é",
+                                              "ß",
+                                              "Ø",
+                                              "ñ",
+                                              "ı",
+                                              "İ",
+                                              "e\u0301",
+                                              "a\u0323\u0302",
+                                              "\u0301",
+                                              "\u0308",
+                                              "\u1100\u1161",
+                                              "\u11a8",
+                                              "д",
+                                              "Жизнь",
+                                              "λ",
+                                              "日本",
+                                              "語",
+                                              "中文",
+                                              "。",
+                                              "、",
+                                              "カ",
+                                              "ﾀ",
+                                              "한",
+                                              "국어",
+                                              "ع",
+                                              "ربي",
+                                              "٣",
+                                              "ह",
+                                              "िं",
+                                              "्",
+                                              "ก",
+                                              "๑",
+                                              "1",
+                                              "23",
+                                              "4567",
+                                              "½",
+                                              "Ⅷ",
+                                              "0.5",
+                                              " ",
+                                              "  ",
+                                              "   ",
+                                              "\t",
+                                              "\n",
+                                              "\n\n",
+                                              "\r\n",
+                                              "\r",
+                                              " \n",
+                                              "\u00a0",
+                                              "\u3000",
+                                              "\u2028",
+                                              "\u200b",
+                                              "\u200d",
+                                              "\ufe0f",
+                                              "😀",
+                                              "👍🏽",
+                                              "👨\u200d👩\u200d👧",
+                                              "🇯🇵",
+                                              "!",
+                                              "?",
+                                              "...",
+                                              "—",
+                                              "“",
+                                              "”",
+                                              "(",
+                                              ")",
+                                              "{",
+                                              "}",
+                                              "<",
+                                              ">",
+                                              "/",
+                                              "\\",
+                                              "#",
+                                              "$",
+                                              "_",
+                                              "-",
+                                              "=",
+                                              "==",
+                                              "->",
+                                              "://",
+                                              "<|im_start|>",
+                                              "<|im_end|>",
+                                              "<|endoftext|>",
+                                              "<think>",
+                                              "</tool_call>",
+                                              "<|im_",
+                                              "|>",
+                                              "\x01",
+                                              "\x7f",
+                                              "`",
+                                              "~"};
   std::mt19937 random(seed);
   std::uniform_int_distribution<size_t> pick(0, fragments.size() - 1);
   std::uniform_int_distribution<int> length(1, 40);

@@ -87,7 +87,8 @@ struct PreparedKernel {
 class CpuPreparedProgram final : public PreparedProgram {
  public:
   CpuPreparedProgram(const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights,
-                     const CpuOptions& options)
+                     const CpuOptions& options, const std::vector<std::pair<std::string, std::string>>& state = {},
+                     const PreparedProgram* share_state_with = nullptr)
       : graph_(program.graph),
         plan_(program.plan),
         floats_(float_storage(program.compute_dtype)),
@@ -99,8 +100,10 @@ class CpuPreparedProgram final : public PreparedProgram {
            " values, the graph has " + std::to_string(graph_.values.size()));
     choose_elems();
     bind_weights(weights);
+    state_ = resolve_state(state, share_state_with);
     place_values();
     build_kernels();
+    check_state_in_place();
     scratch_.allocate(pool_.size());
     for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
   }
@@ -250,6 +253,10 @@ class CpuPreparedProgram final : public PreparedProgram {
         continue;
       }
       if (!live[i]) continue;
+      if (const StateSlot* slot = state_of_value(id)) {
+        addresses_[i] = slot->memory->data();
+        continue;
+      }
       switch (assignment.placement) {
         case Placement::Arena:
           // A slot smaller than the value as stored here (integers are int64 here) gets its own buffer instead.
@@ -358,42 +365,8 @@ class CpuPreparedProgram final : public PreparedProgram {
  public:
   void bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
                   const PreparedProgram* share_with) override {
-    const auto* other = dynamic_cast<const CpuPreparedProgram*>(share_with);
-    if (share_with && !other) fail(graph_.source + ": state can only be shared with a program of the CPU backend");
-    const std::vector<std::vector<int32_t>> readers = compiler::consumers(graph_);
-    std::vector<StateSlot> slots;
-    for (const auto& [input_name, output_name] : input_output_pairs) {
-      const ValueId input = find_io(graph_.inputs, input_name, "input");
-      const ValueId output = find_io(graph_.outputs, output_name, "output");
-      const std::string pair = "state '" + input_name + "' -> '" + output_name + "'";
-      bool repeated = state_of_input(input_name) != nullptr;
-      for (const StateSlot& slot : slots) repeated = repeated || slot.input == input || slot.output == output;
-      if (repeated) fail(graph_.source + ": " + pair + ": the input or the output is already state");
-      if (graph_.value(input).meta.shape != graph_.value(output).meta.shape || elem_of(input) != elem_of(output))
-        fail(graph_.source + ": " + pair + ": the input " + shape_string(graph_.value(input).meta.shape) +
-             " and the output " + shape_string(graph_.value(output).meta.shape) + " differ in shape or storage");
-      const int32_t producer = graph_.value(output).producer;
-      if (graph_.value(output).kind != ValueKind::NodeOutput || producer < 0 ||
-          view_of_[static_cast<size_t>(output)] != kNoValue)
-        fail(graph_.source + ": " + pair + ": the output is not computed by a kernel of its own");
-      for (int32_t reader : readers[static_cast<size_t>(input)])
-        if (reader != producer)
-          fail(graph_.source + ": " + pair + ": node '" + graph_.nodes[static_cast<size_t>(reader)].name +
-               "' reads the input too, so it cannot be updated in place");
-      std::shared_ptr<AlignedBuffer> memory;
-      if (const StateSlot* shared = other ? other->state_of_input(input_name) : nullptr) {
-        if (shared->memory->size() != storage_bytes(input))
-          fail(graph_.source + ": " + pair + ": the shared state holds " + std::to_string(shared->memory->size()) +
-               " bytes, this program needs " + std::to_string(storage_bytes(input)));
-        memory = shared->memory;
-      }
-      slots.push_back({input_name, input, output, std::move(memory)});
-    }
+    std::vector<StateSlot> slots = resolve_state(input_output_pairs, share_with);
     for (StateSlot& slot : slots) {
-      if (!slot.memory) {
-        slot.memory = std::make_shared<AlignedBuffer>(storage_bytes(slot.input));
-        state_bytes_ += slot.memory->size();
-      }
       for (ValueId id : {slot.input, slot.output}) {
         release_owned(addresses_[static_cast<size_t>(id)]);
         addresses_[static_cast<size_t>(id)] = slot.memory->data();
@@ -405,11 +378,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     build_kernels();
     scratch_.allocate(pool_.size());
     for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
-    for (const StateSlot& slot : state_)
-      if (addresses_[static_cast<size_t>(slot.output)] != slot.memory->data())
-        fail(graph_.source + ": the kernel of node '" +
-             graph_.nodes[static_cast<size_t>(graph_.value(slot.output).producer)].name + "' cannot update state '" +
-             slot.input_name + "' in place");
+    check_state_in_place();
   }
 
   Tensor read_state(const std::string& input) const override {
@@ -440,6 +409,62 @@ class CpuPreparedProgram final : public PreparedProgram {
     for (ValueId id : ids)
       if (graph_.value(id).name == name) return id;
     fail(graph_.source + ": no graph " + what + " named '" + name + "'");
+  }
+
+  // Checks the pairs and gives each its memory: the shared program's for the same input, else a new buffer.
+  std::vector<StateSlot> resolve_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
+                                       const PreparedProgram* share_with) {
+    const auto* other = dynamic_cast<const CpuPreparedProgram*>(share_with);
+    if (share_with && !other) fail(graph_.source + ": state can only be shared with a program of the CPU backend");
+    const std::vector<std::vector<int32_t>> readers = compiler::consumers(graph_);
+    std::vector<StateSlot> slots;
+    for (const auto& [input_name, output_name] : input_output_pairs) {
+      const ValueId input = find_io(graph_.inputs, input_name, "input");
+      const ValueId output = find_io(graph_.outputs, output_name, "output");
+      const std::string pair = "state '" + input_name + "' -> '" + output_name + "'";
+      bool repeated = state_of_input(input_name) != nullptr;
+      for (const StateSlot& slot : slots) repeated = repeated || slot.input == input || slot.output == output;
+      if (repeated) fail(graph_.source + ": " + pair + ": the input or the output is already state");
+      if (graph_.value(input).meta.shape != graph_.value(output).meta.shape || elem_of(input) != elem_of(output))
+        fail(graph_.source + ": " + pair + ": the input " + shape_string(graph_.value(input).meta.shape) +
+             " and the output " + shape_string(graph_.value(output).meta.shape) + " differ in shape or storage");
+      const int32_t producer = graph_.value(output).producer;
+      if (graph_.value(output).kind != ValueKind::NodeOutput || producer < 0 ||
+          plan_.values[static_cast<size_t>(output)].placement == Placement::View)
+        fail(graph_.source + ": " + pair + ": the output is not computed by a kernel of its own");
+      for (int32_t reader : readers[static_cast<size_t>(input)])
+        if (reader != producer)
+          fail(graph_.source + ": " + pair + ": node '" + graph_.nodes[static_cast<size_t>(reader)].name +
+               "' reads the input too, so it cannot be updated in place");
+      std::shared_ptr<AlignedBuffer> memory;
+      if (const StateSlot* shared = other ? other->state_of_input(input_name) : nullptr) {
+        if (shared->memory->size() != storage_bytes(input))
+          fail(graph_.source + ": " + pair + ": the shared state holds " + std::to_string(shared->memory->size()) +
+               " bytes, this program needs " + std::to_string(storage_bytes(input)));
+        memory = shared->memory;
+      }
+      slots.push_back({input_name, input, output, std::move(memory)});
+    }
+    for (StateSlot& slot : slots)
+      if (!slot.memory) {
+        slot.memory = std::make_shared<AlignedBuffer>(storage_bytes(slot.input));
+        state_bytes_ += slot.memory->size();
+      }
+    return slots;
+  }
+
+  const StateSlot* state_of_value(ValueId id) const {
+    for (const StateSlot& slot : state_)
+      if (slot.input == id || slot.output == id) return &slot;
+    return nullptr;
+  }
+
+  void check_state_in_place() const {
+    for (const StateSlot& slot : state_)
+      if (addresses_[static_cast<size_t>(slot.output)] != slot.memory->data())
+        fail(graph_.source + ": the kernel of node '" +
+             graph_.nodes[static_cast<size_t>(graph_.value(slot.output).producer)].name + "' cannot update state '" +
+             slot.input_name + "' in place");
   }
 
   // Frees the persistent buffer a state value had before it moved to the shared state memory.
@@ -510,6 +535,12 @@ BackendCapabilities CpuBackend::capabilities() const {
 std::unique_ptr<PreparedProgram> CpuBackend::prepare(const Program& program,
                                                      const std::vector<std::pair<ValueId, Tensor>>& weights) {
   return std::make_unique<CpuPreparedProgram>(program, weights, options_);
+}
+
+std::unique_ptr<PreparedProgram> CpuBackend::prepare_with_state(
+    const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights,
+    const std::vector<std::pair<std::string, std::string>>& state, const PreparedProgram* share_with) {
+  return std::make_unique<CpuPreparedProgram>(program, weights, options_, state, share_with);
 }
 
 }  // namespace npusim::cpu

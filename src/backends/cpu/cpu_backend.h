@@ -22,6 +22,10 @@ class CpuBackend : public Backend {
   BackendCapabilities capabilities() const override;
   std::unique_ptr<PreparedProgram> prepare(const Program& program,
                                            const std::vector<std::pair<ValueId, Tensor>>& weights) override;
+  std::unique_ptr<PreparedProgram> prepare_with_state(const Program& program,
+                                                      const std::vector<std::pair<ValueId, Tensor>>& weights,
+                                                      const std::vector<std::pair<std::string, std::string>>& state,
+                                                      const PreparedProgram* share_with = nullptr) override;
 
  private:
   CpuOptions options_;
