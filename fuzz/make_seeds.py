@@ -206,6 +206,52 @@ def registry_spellings(ops_dir):
     return spellings
 
 
+def byte_spelling(byte):
+    """GPT-2's byte-level spelling: printable Latin-1 bytes stand for themselves, the others for U+0100 + rank."""
+    printable = lambda b: 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or b >= 0xAE
+    if printable(byte):
+        return chr(byte)
+    return chr(0x100 + sum(1 for b in range(byte) if not printable(b)))
+
+
+def tokenizer_seeds(out):
+    """Byte-level BPE tokenizer.json files in the Qwen2 and Llama 3 shapes, with a few merges."""
+    spelled = lambda text: "".join(byte_spelling(b) for b in text.encode())
+    qwen2_regex = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                   r"\s*[\r\n]+|\s+(?!\S)|\s+")
+    llama3_regex = qwen2_regex.replace(r"\p{N}|", r"\p{N}{1,3}|")
+    pairs = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), (" ", "w"), ("o", "r"), (" w", "or"),
+             ("l", "d"), (" wor", "ld"), ("i", "n"), ("1", "2")]
+    vocab = {byte_spelling(b): b for b in range(256)}
+    for left, right in pairs:
+        vocab.setdefault(spelled(left + right), len(vocab))
+    merges = [spelled(left) + " " + spelled(right) for left, right in pairs]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    added = [{"id": 300 + i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True}
+             for i, content in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])]
+    for name, regex, normalizer, post in [
+        ("qwen2", qwen2_regex, {"type": "NFC"}, {"type": "ByteLevel", "add_prefix_space": False,
+                                                "trim_offsets": False}),
+        ("llama3", llama3_regex, None,
+         {"type": "TemplateProcessing",
+          "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+          "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [300], "tokens": ["<|endoftext|>"]}}}),
+    ]:
+        tokenizer = {
+            "version": "1.0", "added_tokens": added, "normalizer": normalizer,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False}, byte_level]},
+            "post_processor": post,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False},
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": vocab, "merges": merges}}
+        write(os.path.join(out, "tokenizer", name + ".json"), json.dumps(tokenizer, ensure_ascii=False))
+        pairs = dict(tokenizer, model=dict(tokenizer["model"], merges=[m.split(" ") for m in merges]))
+        write(os.path.join(out, "tokenizer", name + "_pair_merges.json"), json.dumps(pairs))
+
+
 def main():
     if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
@@ -215,6 +261,7 @@ def main():
     safetensors_seeds(fixtures, out)
     npy_seeds(out)
     config_seeds(fixtures, out)
+    tokenizer_seeds(out)
     lines = ['"%s"' % word.replace("\\", "\\\\").replace('"', '\\"') for word in sorted(dictionary)]
     write(os.path.join(out, "torch_ir.dict"), "\n".join(lines) + "\n")
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/) with clang-14, ASan and UBSan into build-fuzz/ and runs each, one after
 # the other, for SECONDS seconds (default 60) on its seed corpus from tests/data/fixtures.
-#   usage: scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: torch_ir safetensors npy model_config npubin)
+#   usage: scripts/fuzz.sh [SECONDS] [TARGET...]
+#   (targets: torch_ir safetensors npy model_config npubin tokenizer; default all)
 # The corpus each run grows is kept in build-fuzz/corpus/TARGET; a crashing input lands in
 # build-fuzz/artifacts/TARGET/ and makes the script fail. Reproduce one with: build-fuzz/bin/fuzz_TARGET FILE
 set -euo pipefail
@@ -44,6 +45,7 @@ declare -A extra_flags=(
   [torch_ir]="-max_len=16384 -dict=$seeds/torch_ir.dict"
   [model_config]="-max_len=4096"
   [npubin]="-max_len=65536"
+  [tokenizer]="-max_len=16384"
 )
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}

@@ -14,7 +14,8 @@ int compile_command(const std::vector<std::string>& argv) {
                   join({kCompileOptions,
                         {{"o", true, "FILE.npubin: where to write the program"},
                          {"output", true, "FILE.npubin: same as -o"},
-                         {"report", false, "print which ops run where, the partitions, the transfers and their bytes, the memory plan"},
+                         {"report", false,
+                          "print which ops run where, the partitions, the transfers and their bytes, the memory plan"},
                          {"help", false, "show this help"}}}),
                   [&] {
                     std::vector<std::string> fixed;
@@ -37,7 +38,8 @@ int compile_command(const std::vector<std::string>& argv) {
     for (const std::string& line : graph.unsupported_ops()) std::printf("unsupported: %s\n", line.c_str());
   }
   const Program program = compiler::compile_graph(graph, options, &report);
-  if (args.flag("report")) std::fputs(compiler::format_report(program, report, compiler::load_target(options.target)).c_str(), stdout);
+  if (args.flag("report"))
+    std::fputs(compiler::format_report(program, report, compiler::load_target(options.target)).c_str(), stdout);
   if (output) {
     write_program(*output, program);
     std::printf("wrote %s (%zu kernels, arena %.2f MB) in %.1f ms\n", output->c_str(), program.graph.nodes.size(),

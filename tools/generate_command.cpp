@@ -192,7 +192,6 @@ class StopMatcher {
   }
 
   std::string finish() { return std::exchange(pending_, {}); }
-  bool active() const { return !stops_.empty(); }
 
  private:
   std::vector<std::string> stops_;

@@ -20,7 +20,7 @@ commands:
   bench    time a graph or program on the CPU backend: min/median/max, GFLOP/s, GB/s (--json)
   passes   list the compiler passes (each can be switched off with --disable NAME)
   verify   compare two safetensors files tensor by tensor (Pearson r, top-5, argmax, max |diff|)
-  ops      list the supported ATen ops and the canonical op each maps to
+  ops      which canonical ops each backend covers (--target T, --markdown for docs/ops.md)
   kernel   compile a user kernel from a JSON spec and run it (kernel run SPEC.json)
   generate generate text from a Hugging Face model directory (--model DIR --prompt TEXT)
   chat     talk with a model interactively; the conversation and its KV cache persist between turns

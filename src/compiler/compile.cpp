@@ -66,8 +66,8 @@ Program compile_graph(Graph graph, const CompileOptions& options, CompileReport*
   for (const Violation& v : out.violations) {
     if (v.fallback_possible && options.allow_fallback) continue;
     if (v.fallback_possible) fallback_ops.insert(v.op);
-    errors += "\n  " + (v.node.empty() ? std::string("program") : "node '" + v.node + "' (" + v.op + ")") + ": " +
-              v.reason;
+    errors +=
+        "\n  " + (v.node.empty() ? std::string("program") : "node '" + v.node + "' (" + v.op + ")") + ": " + v.reason;
   }
   if (!errors.empty()) {
     std::string lacking;
@@ -99,8 +99,9 @@ std::string format_report(const Program& program, const CompileReport& report, c
   std::string text;
   char line[512];
   std::snprintf(line, sizeof line, "compiled %s for target '%s' (%s): %zu nodes -> %zu kernels in %.1f ms\n",
-                program.graph.source.c_str(), target.name.c_str(), std::string(dtype_name(program.compute_dtype)).c_str(),
-                report.nodes_before, report.nodes_after, report.milliseconds);
+                program.graph.source.c_str(), target.name.c_str(),
+                std::string(dtype_name(program.compute_dtype)).c_str(), report.nodes_before, report.nodes_after,
+                report.milliseconds);
   text += line;
   for (const std::string& entry : report.pass_log) text += "  pass " + entry + "\n";
   text += "ops:\n";

@@ -38,7 +38,8 @@ Target parse_target(const std::string& json_text, const std::string& source) {
     if (auto* v = field("name")) target.name = v->get<std::string>();
     if (auto* v = field("backend")) target.backend = v->get<std::string>();
     if (auto* v = field("alignment")) target.alignment = integer(*v, "alignment");
-    if (auto* v = field("max_rank")) target.max_rank = static_cast<int>(std::clamp<int64_t>(integer(*v, "max_rank"), 0, 64));
+    if (auto* v = field("max_rank"))
+      target.max_rank = static_cast<int>(std::clamp<int64_t>(integer(*v, "max_rank"), 0, 64));
     if (auto* v = field("memory_bytes")) target.memory_bytes = integer(*v, "memory_bytes");
     if (auto* v = field("fallback")) target.fallback = v->get<std::string>();
     if (auto* v = field("compute_dtypes")) {

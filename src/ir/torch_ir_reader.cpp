@@ -399,7 +399,8 @@ Graph parse_torch_ir(std::string_view text, const std::string& source_name) {
   json root;
   try {
     root = json::parse(text.begin(), text.end(), [&](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxJsonDepth) fail(source_name + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      if (depth > kMaxJsonDepth)
+        fail(source_name + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
       return true;
     });
   } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 1e999

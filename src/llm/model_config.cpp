@@ -296,7 +296,8 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   Json root;
   try {
     root = Json::parse(json_text, [&](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth) fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      if (depth > kMaxJsonDepth)
+        fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
       return true;
     });
   } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number like 1e999

@@ -295,73 +295,89 @@ void DagExecutor::record_kernels(const Stage& stage, double start_us) {
   }
 }
 
-NamedTensors DagExecutor::run(const std::map<std::string, Tensor>& inputs) {
-  const auto run_start = Clock::now();
-  if (profiling_) profile_ = RunProfile{};
-  auto finish_stage = [&](const Stage& stage, double start_us) {
-    if (!profiling_) return;
-    const double end_us = microseconds_since(run_start);
-    profile_.partitions.push_back(
-        {stage.label, stage.backend_name, start_us, end_us - start_us, stage.part.program.graph.nodes.size()});
-    record_kernels(stage, start_us);
-  };
+// One run in progress: the values each side holds, by whole ValueId, and when the run started.
+struct DagExecutor::RunState {
+  std::vector<std::vector<Tensor>> held;  // by side
+  Clock::time_point start;
+  double now_us() const { return microseconds_since(start); }
+};
 
+NamedTensors DagExecutor::run(const std::map<std::string, Tensor>& inputs) {
+  RunState state{{}, Clock::now()};
+  if (profiling_) profile_ = RunProfile{};
   if (whole_) {
     NamedTensors outputs = stages_[0]->prepared->run(inputs);
-    finish_stage(*stages_[0], 0.0);
-    if (profiling_) profile_.total_us = microseconds_since(run_start);
+    finish_stage(*stages_[0], 0.0, state);
     return outputs;
   }
-
   const std::vector<Tensor> ordered = check_inputs(graph_, inputs);
-  // The values each side holds, by whole ValueId. Graph inputs are on both.
-  std::vector<std::vector<Tensor>> held(2, std::vector<Tensor>(graph_.values.size()));
+  state.held.assign(2, std::vector<Tensor>(graph_.values.size()));
   for (size_t i = 0; i < ordered.size(); ++i)
-    for (auto& side : held) side[static_cast<size_t>(graph_.inputs[i])] = ordered[i];
+    for (auto& side : state.held) side[static_cast<size_t>(graph_.inputs[i])] = ordered[i];  // on both sides
 
   size_t next_transfer = 0;
-  for (const auto& stage_ptr : stages_) {
-    const Stage& stage = *stage_ptr;
-    auto& mine = held[static_cast<size_t>(stage.side)];
-    for (; next_transfer < plan_.transfers.size() && plan_.transfers[next_transfer].before_partition == stage.partition;
-         ++next_transfer) {
-      const compiler::Transfer& transfer = plan_.transfers[next_transfer];
-      const auto id = static_cast<size_t>(transfer.value);
-      const Value& value = graph_.value(transfer.value);
-      const double start_us = microseconds_since(run_start);
-      const Tensor& from = held[static_cast<size_t>(stages_[static_cast<size_t>(transfer.from_partition)]->side)][id];
-      if (!from.defined()) fail(graph_.source + ": value '" + value.name + "' was not produced before its transfer");
-      mine[id] = transfer_copy(from, stored_dtype(value.meta.dtype, stage.part.program.compute_dtype));
-      if (profiling_)
-        profile_.transfers.push_back({value.name, transfer.from_partition, transfer.before_partition, transfer.bytes,
-                                      start_us, microseconds_since(run_start) - start_us});
-    }
-    std::map<std::string, Tensor> feed;
-    for (ValueId id : stage.inputs) {
-      const Tensor& tensor = mine[static_cast<size_t>(id)];
-      if (!tensor.defined())
-        fail(graph_.source + ": partition #" + std::to_string(stage.partition) + " reads '" + graph_.value(id).name +
-             "', which is not on its side");
-      feed.emplace(graph_.value(id).name, tensor);
-    }
-    const double start_us = microseconds_since(run_start);
-    NamedTensors produced = stage.prepared->run(feed);
-    for (size_t i = 0; i < produced.size() && i < stage.outputs.size(); ++i)
-      mine[static_cast<size_t>(stage.outputs[i])] = std::move(produced[i].second);
-    finish_stage(stage, start_us);
+  for (const auto& stage : stages_) {
+    for (;
+         next_transfer < plan_.transfers.size() && plan_.transfers[next_transfer].before_partition == stage->partition;
+         ++next_transfer)
+      transfer(plan_.transfers[next_transfer], *stage, state);
+    run_stage(*stage, state);
   }
+  NamedTensors outputs = graph_outputs(state);
+  if (profiling_) profile_.total_us = state.now_us();
+  return outputs;
+}
 
+void DagExecutor::transfer(const compiler::Transfer& transfer, const Stage& to, RunState& state) {
+  const Value& value = graph_.value(transfer.value);
+  const double start_us = state.now_us();
+  const Side from_side = stages_.at(static_cast<size_t>(transfer.from_partition))->side;
+  const Tensor& from = state.held[static_cast<size_t>(from_side)][static_cast<size_t>(transfer.value)];
+  if (!from.defined()) fail(graph_.source + ": value '" + value.name + "' was not produced before its transfer");
+  state.held[static_cast<size_t>(to.side)][static_cast<size_t>(transfer.value)] =
+      transfer_copy(from, stored_dtype(value.meta.dtype, to.part.program.compute_dtype));
+  if (profiling_)
+    profile_.transfers.push_back({value.name, transfer.from_partition, transfer.before_partition, transfer.bytes,
+                                  start_us, state.now_us() - start_us});
+}
+
+void DagExecutor::run_stage(const Stage& stage, RunState& state) {
+  std::vector<Tensor>& mine = state.held[static_cast<size_t>(stage.side)];
+  std::map<std::string, Tensor> feed;
+  for (ValueId id : stage.inputs) {
+    const Tensor& tensor = mine[static_cast<size_t>(id)];
+    if (!tensor.defined())
+      fail(graph_.source + ": partition #" + std::to_string(stage.partition) + " reads '" + graph_.value(id).name +
+           "', which is not on its side");
+    feed.emplace(graph_.value(id).name, tensor);
+  }
+  const double start_us = state.now_us();
+  NamedTensors produced = stage.prepared->run(feed);
+  for (size_t i = 0; i < produced.size() && i < stage.outputs.size(); ++i)
+    mine[static_cast<size_t>(stage.outputs[i])] = std::move(produced[i].second);
+  finish_stage(stage, start_us, state);
+}
+
+void DagExecutor::finish_stage(const Stage& stage, double start_us, const RunState& state) {
+  if (!profiling_) return;
+  const double end_us = state.now_us();
+  profile_.partitions.push_back(
+      {stage.label, stage.backend_name, start_us, end_us - start_us, stage.part.program.graph.nodes.size()});
+  record_kernels(stage, start_us);
+  profile_.total_us = end_us;
+}
+
+NamedTensors DagExecutor::graph_outputs(const RunState& state) const {
   NamedTensors outputs;
   for (size_t i = 0; i < graph_.outputs.size(); ++i) {
     const auto id = static_cast<size_t>(graph_.outputs[i]);
     Tensor tensor = output_weights_[i];
-    for (const auto& side : held)
+    for (const auto& side : state.held)
       if (!tensor.defined() && side[id].defined()) tensor = side[id];
     if (!tensor.defined())
       fail(graph_.source + ": graph output '" + graph_.value(graph_.outputs[i]).name + "' has no value");
     outputs.emplace_back(graph_.value(graph_.outputs[i]).name, tensor.to_reference());
   }
-  if (profiling_) profile_.total_us = microseconds_since(run_start);
   return outputs;
 }
 

@@ -64,6 +64,11 @@ class DagExecutor final : public PreparedProgram {
   void prepare_stage(Stage& stage, const std::vector<std::pair<ValueId, Tensor>>& weights,
                      const BackendMaker& make_backend);
   void collect_output_weights(const std::vector<std::pair<ValueId, Tensor>>& weights);
+  struct RunState;
+  void transfer(const compiler::Transfer& transfer, const Stage& to, RunState& state);
+  void run_stage(const Stage& stage, RunState& state);
+  void finish_stage(const Stage& stage, double start_us, const RunState& state);
+  NamedTensors graph_outputs(const RunState& state) const;
   void record_kernels(const Stage& stage, double start_us);
 
   Graph graph_;  // the whole program's graph

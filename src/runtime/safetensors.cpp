@@ -250,10 +250,12 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const char* header_begin = reinterpret_cast<const char*>(mapping->data() + 8);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(header_begin, header_begin + header_bytes, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-      if (depth > kMaxJsonDepth) fail(path + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-      return true;
-    });
+    header = nlohmann::json::parse(
+        header_begin, header_begin + header_bytes, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+          if (depth > kMaxJsonDepth)
+            fail(path + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+          return true;
+        });
   } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
     fail(path + ": header is not valid JSON: " + e.what());
   }
