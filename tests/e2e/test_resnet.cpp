@@ -2,8 +2,8 @@
 // non-trivial BatchNorm statistics, a synthetic image; the reference logits come from torchvision.
 #include <gtest/gtest.h>
 
-#include "e2e_util.h"
 #include "compiler/compile.h"
+#include "e2e_util.h"
 #include "ir/torch_ir_reader.h"
 #include "runtime/backend.h"
 #include "runtime/compare.h"
@@ -21,8 +21,9 @@ struct ResNetCase {
   const char* weight_dtype;
 };
 
-std::string make_case(const ResNetCase& c, const Graph& graph) {
-  const std::string dir = test::work_dir(std::string(c.arch) + "_" + c.weight_dtype);
+// Each test gets its own directory (`label`): ctest runs tests in parallel.
+std::string make_case(const ResNetCase& c, const Graph& graph, const std::string& label) {
+  const std::string dir = test::work_dir(std::string(c.arch) + "_" + c.weight_dtype + "_" + label);
   const std::string command = test::kPython + " " + NPUSIM_PYTHON_DIR + "/make_resnet_case.py --arch " + c.arch +
                               " --seed 7 --weight-dtype " + c.weight_dtype + " --out " + dir + " --output-name " +
                               graph.value(graph.outputs[0]).name;
@@ -36,7 +37,7 @@ class ResNetAgainstPyTorch : public ::testing::TestWithParam<ResNetCase> {};
 TEST_P(ResNetAgainstPyTorch, LogitsAndTop5Match) {
   const ResNetCase c = GetParam();
   const Graph graph = read_torch_ir(kFixtures + "/ir/" + c.arch + "_ir.json");
-  const std::string dir = make_case(c, graph);
+  const std::string dir = make_case(c, graph, "reference");
 
   WeightStore store;
   store.add_file(dir + "/weights.safetensors");
@@ -71,7 +72,8 @@ class CompiledResNetAgainstPyTorch : public ::testing::TestWithParam<CompiledCas
 TEST_P(CompiledResNetAgainstPyTorch, LogitsAndTop5Match) {
   const CompiledCase c = GetParam();
   const Graph graph = read_torch_ir(kFixtures + "/ir/" + c.arch + "_ir.json");
-  const std::string dir = make_case({c.arch, "float32"}, graph);
+  const std::string dir =
+      make_case({c.arch, "float32"}, graph, std::string("compiled_") + std::string(dtype_name(c.storage)));
   compiler::CompileOptions options;
   options.compute_dtype = c.storage;
   const Program program = compiler::compile_graph(graph, options);
@@ -88,20 +90,17 @@ TEST_P(CompiledResNetAgainstPyTorch, LogitsAndTop5Match) {
   EXPECT_TRUE(comparison.all_argmax_match()) << comparison.summary();
 }
 
-INSTANTIATE_TEST_SUITE_P(Storage, CompiledResNetAgainstPyTorch,
-                         ::testing::Values(CompiledCase{"resnet18", DType::Float32},
-                                           CompiledCase{"resnet18", DType::BFloat16},
-                                           CompiledCase{"resnet18", DType::Float16},
-                                           CompiledCase{"resnet50", DType::Float32},
-                                           CompiledCase{"resnet50", DType::BFloat16}),
-                         [](const auto& info) {
-                           return std::string(info.param.arch) + "_" + std::string(dtype_name(info.param.storage));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Storage, CompiledResNetAgainstPyTorch,
+    ::testing::Values(CompiledCase{"resnet18", DType::Float32}, CompiledCase{"resnet18", DType::BFloat16},
+                      CompiledCase{"resnet18", DType::Float16}, CompiledCase{"resnet50", DType::Float32},
+                      CompiledCase{"resnet50", DType::BFloat16}),
+    [](const auto& info) { return std::string(info.param.arch) + "_" + std::string(dtype_name(info.param.storage)); });
 
 // The same check through the command line: run writes the outputs, verify compares them with the reference.
 TEST(ResNetCli, RunThenVerify) {
   const Graph graph = read_torch_ir(kFixtures + "/ir/resnet18_ir.json");
-  const std::string dir = make_case({"resnet18", "float32"}, graph);
+  const std::string dir = make_case({"resnet18", "float32"}, graph, "cli");
   const auto run = test::run_command(test::cli() + " run " + kFixtures + "/ir/resnet18_ir.json --weights " + dir +
                                      "/weights.safetensors --inputs " + dir + "/inputs.safetensors --outputs " + dir +
                                      "/cli_out.safetensors --top 5");
