@@ -228,7 +228,6 @@ class ExportedEngine final : public Session::Engine {
   }
 
   Tensor cache(int64_t index) const override {
-    if (!pending_.empty()) return pending_.at(static_cast<size_t>(index)).second;
     return decode_->read_state(cache_pairs_.at(static_cast<size_t>(index)).first);
   }
   int64_t cache_count() const override { return static_cast<int64_t>(cache_pairs_.size()); }
@@ -302,8 +301,8 @@ class ExportedEngine final : public Session::Engine {
     prefill_ = backend_->prepare(compiled, weights_.bind(compiled.graph));
   }
 
-  // The first tokens, right-padded to the prefill length; the keys and values of the real ones become the cache
-  // that the next decode step takes in.
+  // The first tokens, right-padded to the prefill length; the keys and values of the real ones become the decode
+  // graph's cache.
   std::vector<float> run_prefill(std::span<const int32_t> tokens) {
     const auto count = static_cast<int64_t>(tokens.size());
     std::vector<int64_t> ids(static_cast<size_t>(prefill_length_), 0), mask(static_cast<size_t>(prefill_length_), 0);
@@ -316,9 +315,8 @@ class ExportedEngine final : public Session::Engine {
                                                 {"attention_mask", int64_tensor({1, prefill_length_}, mask)},
                                                 {"position_ids", int64_tensor({1, prefill_length_}, positions)},
                                                 {"cache_position", int64_tensor({prefill_length_}, positions)}});
-    pending_.clear();
     for (size_t i = 0; i < cache_pairs_.size(); ++i)
-      pending_.emplace_back(cache_pairs_[i].first, rows_into_cache(outputs.at(1 + i).second, count));
+      decode_->write_state(cache_pairs_[i].first, rows_into_cache(outputs.at(1 + i).second, count));
     return logits_row(outputs.at(0).second, count - 1);
   }
 
@@ -338,13 +336,11 @@ class ExportedEngine final : public Session::Engine {
     Tensor mask(DType::Float32, {1, 1, 1, cache_shape_[2]});
     for (int64_t j = position + 1; j < cache_shape_[2]; ++j)
       mask.mutable_data<float>()[j] = -std::numeric_limits<float>::infinity();
-    std::map<std::string, Tensor> inputs{{"input_ids", int64_tensor({1, 1}, {token})},
-                                         {"attention_mask", mask},
-                                         {"position_ids", int64_tensor({1, 1}, {position})},
-                                         {"cache_position", int64_tensor({1}, {position})}};
-    for (auto& [name, cache] : pending_) inputs[name] = cache;
+    const std::map<std::string, Tensor> inputs{{"input_ids", int64_tensor({1, 1}, {token})},
+                                               {"attention_mask", mask},
+                                               {"position_ids", int64_tensor({1, 1}, {position})},
+                                               {"cache_position", int64_tensor({1}, {position})}};
     const NamedTensors outputs = decode_->run(inputs);
-    pending_.clear();
     return logits_row(outputs.at(0).second, 0);
   }
 
@@ -357,7 +353,6 @@ class ExportedEngine final : public Session::Engine {
   int64_t context_ = 0;
   int64_t prefill_length_ = 0;
   int64_t vocab_ = 0;
-  std::vector<std::pair<std::string, Tensor>> pending_;  // caches from the prefill, for the next decode step
 };
 
 }  // namespace

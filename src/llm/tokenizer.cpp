@@ -448,8 +448,14 @@ class TokenizerReader {
       const Json* entry = nullptr;
       if (specials != processor.end() && specials->is_object() && specials->contains(name)) entry = &(*specials)[name];
       if (entry && entry->contains("ids") && (*entry)["ids"].is_array()) {
-        for (const Json& id : (*entry)["ids"])
-          target.push_back(token_id_value(id, source_, field + ".special_tokens." + name + ".ids"));
+        for (const Json& id : (*entry)["ids"]) {
+          const std::string ids_field = field + ".special_tokens." + name + ".ids";
+          const int32_t value = token_id_value(id, source_, ids_field);
+          // An id the vocabulary lacks would reach the model's embedding as an index past its end.
+          if (static_cast<size_t>(value) >= state_.flags.size() || !(state_.flags[value] & State::kPresent))
+            field_error(source_, ids_field, "holds " + std::to_string(value) + ", which is not a token");
+          target.push_back(value);
+        }
       } else {
         const auto found = state_.ids_by_spelling.find(name);
         if (found == state_.ids_by_spelling.end())

@@ -296,11 +296,14 @@ class ProgramReader {
       const std::string name = constant->name()->str();
       const std::string what = "constant '" + name + "'";
       const DType type = dtype(static_cast<uint8_t>(constant->dtype()), what);
-      Tensor tensor(type, shape(constant->shape(), what));
+      const Shape dims = shape(constant->shape(), what);
       const size_t stored = constant->data() ? constant->data()->size() : 0;
-      if (stored != tensor.nbytes())
-        error(what + " holds " + std::to_string(stored) + " bytes but " + shape_string(tensor.shape()) + " " +
-              std::string(dtype_name(type)) + " needs " + std::to_string(tensor.nbytes()));
+      // Checked before allocating: the shape alone may claim gigabytes the file does not hold.
+      const size_t needed = static_cast<size_t>(shape_numel(dims)) * dtype_size(type);
+      if (stored != needed)
+        error(what + " holds " + std::to_string(stored) + " bytes but " + shape_string(dims) + " " +
+              std::string(dtype_name(type)) + " needs " + std::to_string(needed));
+      Tensor tensor(type, dims);
       if (stored > 0) std::memcpy(tensor.mutable_bytes(), constant->data()->data(), stored);
       if (!graph.constants.emplace(name, std::move(tensor)).second) error(what + " appears twice");
     }

@@ -58,6 +58,11 @@ class PreparedProgram {
   }
   // A copy of the state kept for a graph input (fp32 for floats).
   virtual Tensor read_state(const std::string& input) const { fail("no state is kept for input '" + input + "'"); }
+  // Replaces the state kept for a graph input (same shape, any dtype of the same kind).
+  virtual void write_state(const std::string& input, const Tensor& value) {
+    (void)value;
+    fail("no state is kept for input '" + input + "'");
+  }
 };
 
 class Backend {

@@ -116,6 +116,8 @@ TEST(BackendState, UpdatesTheCacheInPlaceAcrossRuns) {
                          {"position", position(0)},
                          {"row", floats({1, 2}, {5, 5})}});
     EXPECT_EQ(values_of(prepared->read_state("cache")), (std::vector<float>{5, 5, 1, 1, 1, 1, 1, 1}));
+    prepared->write_state("cache", floats({4, 2}, {8, 7, 6, 5, 4, 3, 2, 1}));
+    EXPECT_EQ(values_of(prepared->read_state("cache")), (std::vector<float>{8, 7, 6, 5, 4, 3, 2, 1}));
     // The input's and the output's own buffers are given back: the state is one buffer.
     EXPECT_LE(prepared->allocated_bytes(), before);
   }
@@ -158,6 +160,7 @@ TEST(BackendState, MisusesAreClearErrors) {
   expect_error([&] { prepared->bind_state({{"cache", "doubled"}}); }, {"'cache' -> 'doubled'"});
   expect_error([&] { prepared->bind_state({{"row", "cache_out"}}); }, {"differ in shape"});
   expect_error([&] { prepared->read_state("cache"); }, {"no state is kept for input 'cache'"});
+  expect_error([&] { prepared->write_state("cache", floats({4, 2}, {})); }, {"no state is kept for input 'cache'"});
 
   auto twice = backend.prepare(cache_program(DType::Float32, true), {});
   expect_error([&] { twice->bind_state(kPairs); }, {"node 'doubled' reads the input too"});
@@ -175,6 +178,7 @@ TEST(BackendState, MisusesAreClearErrors) {
         prepared->run({{"position", position(0)}, {"row", floats({2, 1}, {1, 2})}});
       },
       {"input 'row' has shape [2, 1]"});
+  expect_error([&] { prepared->write_state("cache", floats({2, 4}, {})); }, {"state 'cache' is [4, 2]"});
 }
 
 }  // namespace

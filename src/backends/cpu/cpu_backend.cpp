@@ -381,6 +381,17 @@ class CpuPreparedProgram final : public PreparedProgram {
     check_state_in_place();
   }
 
+  void write_state(const std::string& input, const Tensor& value) override {
+    const StateSlot* slot = state_of_input(input);
+    if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
+    const Value& meta = graph_.value(slot->input);
+    if (value.shape() != meta.meta.shape || reference_dtype(value.dtype()) != reference_dtype(meta.meta.dtype))
+      fail(graph_.source + ": state '" + input + "' is " + shape_string(meta.meta.shape) + " " +
+           std::string(dtype_name(meta.meta.dtype)) + ", got " + shape_string(value.shape()) + " " +
+           std::string(dtype_name(value.dtype())));
+    tensor_to_storage(value.to_reference(), slot->memory->data(), elem_of(slot->input));
+  }
+
   Tensor read_state(const std::string& input) const override {
     const StateSlot* slot = state_of_input(input);
     if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
@@ -469,12 +480,12 @@ class CpuPreparedProgram final : public PreparedProgram {
 
   // Frees the persistent buffer a state value had before it moved to the shared state memory.
   void release_owned(std::byte* address) {
-    for (AlignedBuffer& owned : owned_)
-      if (address && owned.data() == address) {
-        owned_bytes_ -= owned.size();
-        owned = AlignedBuffer();
-        return;
-      }
+    // Moving the other buffers keeps their memory where it is.
+    auto it = std::find_if(owned_.begin(), owned_.end(),
+                           [address](const AlignedBuffer& owned) { return address && owned.data() == address; });
+    if (it == owned_.end()) return;
+    owned_bytes_ -= it->size();
+    owned_.erase(it);
   }
 
   // Inputs as check_inputs takes them, except that state inputs may be left out (the state stays as it is).
