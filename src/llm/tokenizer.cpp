@@ -452,7 +452,7 @@ class TokenizerReader {
           const std::string ids_field = field + ".special_tokens." + name + ".ids";
           const int32_t value = token_id_value(id, source_, ids_field);
           // An id the vocabulary lacks would reach the model's embedding as an index past its end.
-          if (static_cast<size_t>(value) >= state_.flags.size() || !(state_.flags[value] & State::kPresent))
+          if (static_cast<size_t>(value) >= state_.flags.size() || !(state_.flags[value] & Tokenizer::State::kPresent))
             field_error(source_, ids_field, "holds " + std::to_string(value) + ", which is not a token");
           target.push_back(value);
         }
