@@ -24,8 +24,8 @@ const char* const kTexts[] = {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const npusim::Tokenizer tokenizer = npusim::Tokenizer::parse(
-        std::string(reinterpret_cast<const char*>(data), size), "tokenizer.json");
+    const npusim::Tokenizer tokenizer =
+        npusim::Tokenizer::parse(std::string(reinterpret_cast<const char*>(data), size), "tokenizer.json");
     for (const char* text : kTexts) {
       for (bool add_special : {false, true}) {
         const std::vector<int32_t> ids = tokenizer.encode(text, add_special);

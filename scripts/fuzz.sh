@@ -33,7 +33,8 @@ rm -rf "$seeds"
 python3 fuzz/make_seeds.py tests/data/fixtures "$seeds" src/ops
 if [[ -x $build/bin/make_npubin_seeds ]]; then
   ASAN_OPTIONS=detect_leaks=0 "$build/bin/make_npubin_seeds" "$seeds/npubin" "$seeds"/torch_ir/*.json \
-    tests/data/fixtures/ir/resnet18_ir.json tests/data/fixtures/qwen_tiny/decode_ir.json 2>/dev/null
+    tests/data/fixtures/ir/resnet18_ir.json tests/data/fixtures/qwen_tiny/decode_ir.json 2>/dev/null ||
+    echo "note: no .npubin seeds (make_npubin_seeds failed); fuzz_npubin starts from its corpus alone"
 fi
 
 targets=("$@")
@@ -58,16 +59,17 @@ for target in "${targets[@]}"; do
   corpus=$build/corpus/$target
   artifacts=$build/artifacts/$target
   log=$build/logs/$target.log
-  mkdir -p "$corpus" "$artifacts" "$(dirname "$log")"
+  mkdir -p "$corpus" "$artifacts" "$seeds/$target" "$(dirname "$log")"
   echo "== fuzz_$target for ${seconds}s (log: $log)"
   status=0
+  started=$SECONDS
   # shellcheck disable=SC2086  # extra flags are several words
   "$binary" "$corpus" "$seeds/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$artifacts/" -print_final_stats=1 ${extra_flags[$target]:-} >"$log" 2>&1 || status=$?
   execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' | tail -1)
   coverage=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | awk '{print $2}')
   found=$(find "$artifacts" -type f | wc -l)
-  line="fuzz_$target: ${seconds}s, ${execs:-?} execs, coverage ${coverage:-?} edges, corpus $(ls "$corpus" | wc -l) files, exit $status, $found artifact(s)"
+  line="fuzz_$target: $((SECONDS - started))s, ${execs:-?} execs, coverage ${coverage:-?} edges, corpus $(ls "$corpus" | wc -l) files, exit $status, $found artifact(s)"
   echo "$line"
   summary+=("$line")
   if ((status != 0)); then

@@ -95,8 +95,7 @@ std::string npy_with(const std::string& dict, const std::string& data) {
   header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
   header += '\n';
   const auto length = static_cast<uint16_t>(header.size());
-  return std::string("\x93NUMPY\x01\x00", 8) + std::string(reinterpret_cast<const char*>(&length), 2) + header +
-         data;
+  return std::string("\x93NUMPY\x01\x00", 8) + std::string(reinterpret_cast<const char*>(&length), 2) + header + data;
 }
 
 const std::string kRandom = " --random-weights 0 --random-inputs 0";
@@ -160,7 +159,8 @@ TEST(BadInputsCli, AttributesOutOfRange) {
     const std::string path = write_file(name, text);
     expect_clean_failure("run " + path + kRandom, {path, "node 'n'", problem});
   }
-  const std::string negative = write_file("negative_dim.json", one_node_ir("aten.relu.default", "[2, -3]", "{}", "[2, 3]"));
+  const std::string negative =
+      write_file("negative_dim.json", one_node_ir("aten.relu.default", "[2, -3]", "{}", "[2, 3]"));
   expect_clean_failure("run " + negative + kRandom, {negative, "graph_inputs[0] 'x'", "negative dimension -3"});
   const std::string rank9 =
       write_file("rank9.json", one_node_ir("aten.relu.default", "[1, 1, 1, 1, 1, 1, 1, 1, 1]", "{}", "[1]"));
@@ -179,8 +179,8 @@ TEST(BadInputsCli, AbsurdlyLargeShapesGiveAnErrorNotAnAllocation) {
   const std::string at_limit = write_file("full_2p20.json", full("[1048576, 1048576]"));
   expect_clean_failure("run " + at_limit + " --reference", {at_limit, "node 'f'", "cannot allocate"});
   expect_clean_failure("run " + at_limit, {"cannot allocate"});
-  const std::string weight = write_file(
-      "big_weight.json", one_node_ir("aten.linear.default", "[1, 1048576]", "{}", "[1, 1048576]", "[1048576, 1048576]"));
+  const std::string weight = write_file("big_weight.json", one_node_ir("aten.linear.default", "[1, 1048576]", "{}",
+                                                                       "[1, 1048576]", "[1048576, 1048576]"));
   expect_clean_failure("run " + weight + kRandom, {"[1048576, 1048576]", "cannot allocate"});
 }
 
@@ -192,8 +192,7 @@ TEST(BadInputsCli, LyingSafetensorsWeights) {
            {"cut_in_data.safetensors", model.substr(0, model.size() / 2), "past the end of the data section"},
            {"cut_in_header.safetensors", model.substr(0, 100), "is larger than the file"},
            {"long_header.safetensors", u64_le(4096) + "{}", "header length 4096 is larger than the file"},
-           {"past_end.safetensors",
-            safetensors_with(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8),
+           {"past_end.safetensors", safetensors_with(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8),
             "data_offsets end 16 is past the end of the data section (8 bytes)"},
            {"dtype.safetensors", safetensors_with(R"({"w":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", 1),
             "unknown dtype 'F4'"},
@@ -216,18 +215,21 @@ TEST(BadInputsCli, LyingSafetensorsWeights) {
 TEST(BadInputsCli, WrongInputs) {
   const std::string graph = relu_graph();
   const std::string base = "run " + graph + " ";
-  const std::string wrong_shape =
-      write_file("x_shape.safetensors", safetensors_with(R"({"x":{"dtype":"F32","shape":[3,2],"data_offsets":[0,24]}})", 24));
+  const std::string wrong_shape = write_file(
+      "x_shape.safetensors", safetensors_with(R"({"x":{"dtype":"F32","shape":[3,2],"data_offsets":[0,24]}})", 24));
   expect_clean_failure(base + "--inputs " + wrong_shape, {"'x'", "[3, 2]", "[2, 3]"});
-  const std::string wrong_dtype =
-      write_file("x_dtype.safetensors", safetensors_with(R"({"x":{"dtype":"I64","shape":[2,3],"data_offsets":[0,48]}})", 48));
+  const std::string wrong_dtype = write_file(
+      "x_dtype.safetensors", safetensors_with(R"({"x":{"dtype":"I64","shape":[2,3],"data_offsets":[0,48]}})", 48));
   expect_clean_failure(base + "--inputs " + wrong_dtype, {"'x'", "int64"});
   const std::string wrong_name =
       write_file("y.safetensors", safetensors_with(R"({"y":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})", 24));
   expect_clean_failure(base + "--inputs " + wrong_name, {wrong_name, "'y' is not an input of"});
-  const std::string cut = write_file("x_cut.safetensors", safetensors_with(R"({"x":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})", 24).substr(0, 60));
+  const std::string cut =
+      write_file("x_cut.safetensors",
+                 safetensors_with(R"({"x":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})", 24).substr(0, 60));
   expect_clean_failure(base + "--inputs " + cut, {cut});
-  expect_clean_failure(base + "--inputs " + dir() + "/absent.safetensors", {dir() + "/absent.safetensors", "cannot open"});
+  expect_clean_failure(base + "--inputs " + dir() + "/absent.safetensors",
+                       {dir() + "/absent.safetensors", "cannot open"});
 
   const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
   const std::string short_npy = write_file("short.npy", npy_with(dict, std::string(12, '\0')));
@@ -285,7 +287,8 @@ TEST(BadInputsCli, UnknownFlagsAndBadValues) {
   for (const char* command : {"compile", "inspect", "verify", "ops", "passes", "bisect"})
     expect_clean_failure(std::string(command) + " --no-such-flag", {"unknown option '--no-such-flag'"});
   expect_clean_failure("compile " + graph + " -o " + dir() + "/absent_dir/x.npubin", {dir() + "/absent_dir/x.npubin"});
-  expect_clean_failure("verify " + dir() + "/absent.safetensors " + graph, {dir() + "/absent.safetensors", "cannot open"});
+  expect_clean_failure("verify " + dir() + "/absent.safetensors " + graph,
+                       {dir() + "/absent.safetensors", "cannot open"});
 }
 
 }  // namespace
