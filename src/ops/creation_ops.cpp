@@ -216,23 +216,6 @@ AtenSpelling filled_with(std::string op_type, double value) {
   return aten(std::move(op_type), {}, {{"fill_value", value}});
 }
 
-AttrSpec required(std::string name, AttrType type) { return {std::move(name), type, std::nullopt, true}; }
-AttrSpec optional(std::string name, AttrType type) { return {std::move(name), type, std::nullopt}; }
-AttrSpec with_default(std::string name, AttrType type, AttrValue value) { return {std::move(name), type, value}; }
-
-// The reference recomputes the output metas from the tensors it receives, so it never trusts unchecked shapes.
-template <auto Infer, auto Compute>
-OpDef checked_op(std::string name, std::vector<AtenSpelling> spellings, std::vector<AttrSpec> attrs, int min_inputs,
-                 int max_inputs) {
-  OpDef def{std::move(name), std::move(spellings), std::move(attrs), min_inputs, max_inputs, Infer, nullptr};
-  def.reference = [](const Attrs& a, std::span<const Tensor> inputs, std::span<const TensorMeta>) {
-    std::vector<TensorMeta> metas;
-    for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
-    return Compute(a, inputs, Infer(a, metas));
-  };
-  return def;
-}
-
 }  // namespace
 
 void register_creation_ops(OpRegistry& r) {

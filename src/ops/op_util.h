@@ -1,6 +1,7 @@
 #pragma once
 // Helpers shared by the op families: dimension handling, broadcasting, type promotion, element access.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,5 +34,26 @@ TensorMeta same_as_input(std::span<const TensorMeta> inputs, size_t index = 0);
 // Reads element i of a reference-domain tensor (f32, i64 or bool) as double, and writes it back.
 double read_element(const Tensor& t, int64_t i);
 void write_element(Tensor& t, int64_t i, double value);
+
+// Attribute specs: required (no default), optional (absent stays absent) and with an ATen default.
+inline AttrSpec required(std::string name, AttrType type) { return {std::move(name), type, std::nullopt, true}; }
+inline AttrSpec optional(std::string name, AttrType type) { return {std::move(name), type, std::nullopt}; }
+inline AttrSpec with_default(std::string name, AttrType type, AttrValue value) {
+  return {std::move(name), type, std::move(value)};
+}
+
+// An op whose reference recomputes the output metas from the tensors it receives, so it never trusts unchecked
+// shapes: Infer(attrs, metas) -> metas, Compute(attrs, inputs, metas) -> outputs.
+template <auto Infer, auto Compute>
+OpDef checked_op(std::string name, std::vector<AtenSpelling> spellings, std::vector<AttrSpec> attrs, int min_inputs,
+                 int max_inputs) {
+  OpDef def{std::move(name), std::move(spellings), std::move(attrs), min_inputs, max_inputs, Infer, nullptr};
+  def.reference = [](const Attrs& a, std::span<const Tensor> inputs, std::span<const TensorMeta>) {
+    std::vector<TensorMeta> metas;
+    for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
+    return Compute(a, inputs, Infer(a, metas));
+  };
+  return def;
+}
 
 }  // namespace npusim::ops

@@ -54,19 +54,6 @@ std::vector<Tensor> rotary_embedding_reference(const Attrs& attrs, std::span<con
   return {cos_table, sin_table};
 }
 
-// The reference recomputes the output metas from the tensors it receives, so it never trusts unchecked shapes.
-template <auto Infer, auto Compute>
-OpDef checked_op(std::string name, std::vector<AtenSpelling> spellings, std::vector<AttrSpec> attrs, int min_inputs,
-                 int max_inputs) {
-  OpDef def{std::move(name), std::move(spellings), std::move(attrs), min_inputs, max_inputs, Infer, nullptr};
-  def.reference = [](const Attrs& a, std::span<const Tensor> inputs, std::span<const TensorMeta>) {
-    std::vector<TensorMeta> metas;
-    for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
-    return Compute(a, inputs, Infer(a, metas));
-  };
-  return def;
-}
-
 }  // namespace
 
 void register_rotary_embedding_op(OpRegistry& r) {
