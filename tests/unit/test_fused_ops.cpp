@@ -2,86 +2,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "npusim/op_registry.h"
+#include "unit/op_test_util.h"
 
 using namespace npusim;
+using namespace npusim::test;
 
 namespace {
-
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-Attrs make_attrs(std::vector<std::pair<std::string, AttrValue>> values = {}) {
-  Attrs attrs("test");
-  for (auto& [name, value] : values) attrs.set(name, std::move(value));
-  return attrs;
-}
-
-Tensor floats(Shape shape, const std::vector<float>& values) {
-  Tensor t(DType::Float32, std::move(shape));
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-  std::copy(values.begin(), values.end(), t.mutable_data<float>());
-  return t;
-}
-
-Tensor ints(Shape shape, const std::vector<int64_t>& values) {
-  Tensor t(DType::Int64, std::move(shape));
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-  std::copy(values.begin(), values.end(), t.mutable_data<int64_t>());
-  return t;
-}
-
-Tensor bools(Shape shape, const std::vector<uint8_t>& values) {
-  Tensor t(DType::Bool, std::move(shape));
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-  std::copy(values.begin(), values.end(), t.mutable_data<uint8_t>());
-  return t;
-}
-
-std::vector<TensorMeta> metas_of(const std::vector<Tensor>& inputs) {
-  std::vector<TensorMeta> metas;
-  for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
-  return metas;
-}
-
-const OpDef& op(const std::string& name) {
-  const OpDef* def = OpRegistry::instance().find(name);
-  if (!def) throw std::runtime_error("unknown op " + name);
-  return *def;
-}
-
-std::vector<TensorMeta> infer(const std::string& name, Attrs attrs, const std::vector<TensorMeta>& inputs) {
-  OpRegistry::instance().normalize_attrs(op(name), nullptr, attrs, "test");
-  return op(name).infer(attrs, inputs);
-}
-
-// Fills defaults, infers, runs the reference and checks the output matches the inferred meta.
-Tensor run(const std::string& name, Attrs attrs, const std::vector<Tensor>& inputs) {
-  OpRegistry::instance().normalize_attrs(op(name), nullptr, attrs, "test");
-  const std::vector<TensorMeta> metas = op(name).infer(attrs, metas_of(inputs));
-  std::vector<Tensor> reference_inputs;
-  for (const Tensor& t : inputs) reference_inputs.push_back(t.to_reference());
-  std::vector<Tensor> outputs = op(name).reference(attrs, reference_inputs, metas);
-  EXPECT_EQ(outputs.size(), 1u);
-  EXPECT_EQ(outputs.at(0).shape(), metas.at(0).shape) << name;
-  EXPECT_EQ(outputs.at(0).dtype(), reference_dtype(metas.at(0).dtype)) << name;
-  return outputs.at(0);
-}
-
-void expect_values(const Tensor& actual, const std::vector<double>& expected, double tolerance = 1e-6) {
-  ASSERT_EQ(static_cast<size_t>(actual.numel()), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double value = actual.element_as_double(static_cast<int64_t>(i));
-    if (std::isnan(expected[i]))
-      EXPECT_TRUE(std::isnan(value)) << "element " << i << " is " << value;
-    else
-      EXPECT_NEAR(value, expected[i], tolerance * std::max(1.0, std::abs(expected[i]))) << "element " << i;
-  }
-}
 
 double silu(double x) { return x / (1.0 + std::exp(-x)); }
 
@@ -96,12 +27,12 @@ TEST(FusedConv2d, BiasResidualAndRelu) {
   const Tensor residual = floats({1, 1, 2, 2}, {0, 2, 5, 3});
   const Attrs attrs = make_attrs({{"has_bias", true}, {"has_residual", true}, {"activation", std::string("relu")}});
   // -4 + 1 + residual = -3, -1, 2, 0
-  expect_values(run("fused_conv2d", attrs, {conv_x(), conv_w(), floats({1}, {1}), residual}), {0, 0, 2, 0});
+  expect_values(run_op("fused_conv2d", {conv_x(), conv_w(), floats({1}, {1}), residual}, attrs).out(), {0, 0, 2, 0});
 }
 
 TEST(FusedConv2d, ResidualWithoutActivationOrBias) {
   const Tensor residual = floats({1, 1, 2, 2}, {0, 2, 5, 3});
-  expect_values(run("fused_conv2d", make_attrs({{"has_residual", true}}), {conv_x(), conv_w(), residual}),
+  expect_values(run_op("fused_conv2d", {conv_x(), conv_w(), residual}, make_attrs({{"has_residual", true}})).out(),
                 {-4, -2, 1, -1});
 }
 
@@ -109,18 +40,19 @@ TEST(FusedConv2d, ActivationsTakeTheirParameters) {
   const Tensor bias = floats({1}, {5.5});  // outputs 1.5 everywhere
   const Attrs clipped =
       make_attrs({{"has_bias", true}, {"activation", std::string("hardtanh")}, {"min_val", 0.0}, {"max_val", 1.0}});
-  expect_values(run("fused_conv2d", clipped, {conv_x(), conv_w(), bias}), {1, 1, 1, 1});
+  expect_values(run_op("fused_conv2d", {conv_x(), conv_w(), bias}, clipped).out(), {1, 1, 1, 1});
   const Attrs leaky = make_attrs({{"activation", std::string("leaky_relu")}, {"negative_slope", 0.5}});  // -4 -> -2
-  expect_values(run("fused_conv2d", leaky, {conv_x(), conv_w()}), {-2, -2, -2, -2});
+  expect_values(run_op("fused_conv2d", {conv_x(), conv_w()}, leaky).out(), {-2, -2, -2, -2});
   const Attrs smooth = make_attrs({{"has_bias", true}, {"activation", std::string("silu")}});
-  expect_values(run("fused_conv2d", smooth, {conv_x(), conv_w(), bias}), {silu(1.5), silu(1.5), silu(1.5), silu(1.5)});
+  expect_values(run_op("fused_conv2d", {conv_x(), conv_w(), bias}, smooth).out(),
+                {silu(1.5), silu(1.5), silu(1.5), silu(1.5)});
 }
 
 TEST(FusedConv2d, ConvolutionAttributesApply) {
   // 1x1 kernel 2, stride 2: 2 * x at (0,0), (0,2), (2,0), (2,2); then -10 and relu.
   const Attrs attrs =
       make_attrs({{"stride", std::vector<int64_t>{2, 2}}, {"has_bias", true}, {"activation", std::string("relu")}});
-  const Tensor out = run("fused_conv2d", attrs, {conv_x(), floats({1, 1, 1, 1}, {2}), floats({1}, {-10})});
+  const Tensor out = run_op("fused_conv2d", {conv_x(), floats({1, 1, 1, 1}, {2}), floats({1}, {-10})}, attrs).out();
   EXPECT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
   expect_values(out, {0, 0, 4, 8});
 }
@@ -128,12 +60,12 @@ TEST(FusedConv2d, ConvolutionAttributesApply) {
 TEST(FusedConv2d, RejectsInconsistentInputs) {
   const TensorMeta x{{1, 1, 3, 3}, DType::Float32}, w{{1, 1, 2, 2}, DType::Float32};
   const TensorMeta bias{{1}, DType::Float32};
-  EXPECT_THROW(infer("fused_conv2d", make_attrs({{"has_bias", true}}), {x, w}), Error);
-  EXPECT_THROW(infer("fused_conv2d", make_attrs({{"has_residual", true}}), {x, w, {{1, 1, 3, 3}, DType::Float32}}),
+  EXPECT_THROW(infer_op("fused_conv2d", {x, w}, make_attrs({{"has_bias", true}})), Error);
+  EXPECT_THROW(infer_op("fused_conv2d", {x, w, {{1, 1, 3, 3}, DType::Float32}}, make_attrs({{"has_residual", true}})),
                Error);
-  EXPECT_THROW(infer("fused_conv2d", make_attrs({{"activation", std::string("swish")}}), {x, w}), Error);
-  EXPECT_THROW(infer("fused_conv2d", make_attrs({{"activation", std::string("relu")}}), {x, w, bias}), Error);
-  EXPECT_EQ(infer("fused_conv2d", make_attrs({{"has_bias", true}}), {x, w, bias})[0].shape, (Shape{1, 1, 2, 2}));
+  EXPECT_THROW(infer_op("fused_conv2d", {x, w}, make_attrs({{"activation", std::string("swish")}})), Error);
+  EXPECT_THROW(infer_op("fused_conv2d", {x, w, bias}, make_attrs({{"activation", std::string("relu")}})), Error);
+  EXPECT_EQ(infer_op("fused_conv2d", {x, w, bias}, make_attrs({{"has_bias", true}}))[0].shape, (Shape{1, 1, 2, 2}));
 }
 
 // ====================================================================================================================
@@ -142,28 +74,28 @@ TEST(FusedConv2d, RejectsInconsistentInputs) {
 TEST(AddRelu, BroadcastsThenClamps) {
   const Tensor a = floats({2, 3}, {-1, 2, -3, 4, -5, 6});
   const Tensor b = floats({3}, {1, -3, 2});
-  expect_values(run("add_relu", {}, {a, b}), {0, 0, 0, 5, 0, 8});
+  expect_values(run_op("add_relu", {a, b}).out(), {0, 0, 0, 5, 0, 8});
 }
 
 TEST(AddRelu, IntegersAndEmptyTensors) {
-  const Tensor out = run("add_relu", {}, {ints({3}, {-2, 0, 5}), ints({1}, {1})});
+  const Tensor out = run_op("add_relu", {ints({3}, {-2, 0, 5}), ints({1}, {1})}).out();
   EXPECT_EQ(out.dtype(), DType::Int64);
   expect_values(out, {0, 1, 6});
-  EXPECT_EQ(run("add_relu", {}, {floats({0, 3}, {}), floats({3}, {1, 2, 3})}).shape(), (Shape{0, 3}));
+  EXPECT_EQ(run_op("add_relu", {floats({0, 3}, {}), floats({3}, {1, 2, 3})}).out().shape(), (Shape{0, 3}));
 }
 
 TEST(AddRelu, RejectsShapesThatDoNotBroadcast) {
-  EXPECT_THROW(infer("add_relu", {}, {{{2}, DType::Float32}, {{3}, DType::Float32}}), Error);
-  EXPECT_THROW(infer("add_relu", {}, {{{2}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("add_relu", {{{2}, DType::Float32}, {{3}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("add_relu", {{{2}, DType::Float32}}), Error);
 }
 
 TEST(SiluMul, GateThroughSiluTimesUp) {
   const Tensor gate = floats({2, 2}, {-2, 0, 1, 3});
   const Tensor up = floats({2}, {2, -1});
-  expect_values(run("silu_mul", {}, {gate, up}), {2 * silu(-2), 0, 2 * silu(1), -silu(3)});
+  expect_values(run_op("silu_mul", {gate, up}).out(), {2 * silu(-2), 0, 2 * silu(1), -silu(3)});
   const TensorMeta half{{2, 2}, DType::BFloat16};
-  EXPECT_EQ(infer("silu_mul", {}, {half, half})[0].dtype, DType::BFloat16);
-  EXPECT_THROW(infer("silu_mul", {}, {{{2, 2}, DType::Float32}, {{3}, DType::Float32}}), Error);
+  EXPECT_EQ(infer_op("silu_mul", {half, half})[0].dtype, DType::BFloat16);
+  EXPECT_THROW(infer_op("silu_mul", {{{2, 2}, DType::Float32}, {{3}, DType::Float32}}), Error);
 }
 
 // ====================================================================================================================
@@ -174,7 +106,7 @@ TEST(Rope, RotatesHalvesAndBroadcastsOverHeads) {
   const Tensor x = floats({1, 2, 1, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
   const Tensor cos = floats({1, 1, 1, 4}, {0.5, 0.25, 0.5, 0.25});
   const Tensor sin = floats({1, 1, 1, 4}, {1, 2, 1, 2});
-  expect_values(run("rope", {}, {x, cos, sin}), {-2.5, -7.5, 2.5, 5, -4.5, -14.5, 8.5, 14});
+  expect_values(run_op("rope", {x, cos, sin}).out(), {-2.5, -7.5, 2.5, 5, -4.5, -14.5, 8.5, 14});
 }
 
 TEST(Rope, PositionsReadTheirOwnAngles) {
@@ -182,15 +114,15 @@ TEST(Rope, PositionsReadTheirOwnAngles) {
   const Tensor x = floats({1, 2, 2}, {1, 2, 3, 4});
   const Tensor cos = floats({2, 2}, {1, 1, 0, 0});
   const Tensor sin = floats({2, 2}, {0, 0, 1, 1});
-  expect_values(run("rope", {}, {x, cos, sin}), {1, 2, -4, 3});
+  expect_values(run_op("rope", {x, cos, sin}).out(), {1, 2, -4, 3});
 }
 
 TEST(Rope, RejectsOddWidthsAndTablesThatDoNotBroadcast) {
   const TensorMeta table{{1, 1, 1, 4}, DType::Float32};
-  EXPECT_THROW(infer("rope", {}, {{{1, 2, 1, 3}, DType::Float32}, table, table}), Error);
-  EXPECT_THROW(infer("rope", {}, {{{1, 2, 1, 4}, DType::Float32}, {{1, 1, 2, 4}, DType::Float32}, table}), Error);
-  EXPECT_THROW(infer("rope", {}, {{{1, 2, 1, 4}, DType::Int64}, table, table}), Error);
-  EXPECT_EQ(infer("rope", {}, {{{0, 2, 1, 4}, DType::Float32}, table, table})[0].shape, (Shape{0, 2, 1, 4}));
+  EXPECT_THROW(infer_op("rope", {{{1, 2, 1, 3}, DType::Float32}, table, table}), Error);
+  EXPECT_THROW(infer_op("rope", {{{1, 2, 1, 4}, DType::Float32}, {{1, 1, 2, 4}, DType::Float32}, table}), Error);
+  EXPECT_THROW(infer_op("rope", {{{1, 2, 1, 4}, DType::Int64}, table, table}), Error);
+  EXPECT_EQ(infer_op("rope", {{{0, 2, 1, 4}, DType::Float32}, table, table})[0].shape, (Shape{0, 2, 1, 4}));
 }
 
 // ====================================================================================================================
@@ -203,20 +135,22 @@ Tensor attention_k() { return floats({1, 1, 3, 2}, {1, 0, 0, 1, 1, 1}); }
 Tensor attention_v() { return floats({1, 1, 3, 1}, {1, 2, 3}); }
 
 TEST(Attention, GroupedQueryHeadsShareKeys) {
-  const Tensor out = run("attention", make_attrs({{"scale", 1.0}}), {attention_q(), attention_k(), attention_v()});
+  const Tensor out =
+      run_op("attention", {attention_q(), attention_k(), attention_v()}, make_attrs({{"scale", 1.0}})).out();
   EXPECT_EQ(out.shape(), (Shape{1, 2, 1, 1}));
   expect_values(out, {10.0 / 5, 16.0 / 7});
 }
 
 TEST(Attention, ScaleMultipliesScores) {
   // Head 1 with scale 2: weights (1, 9, 9) / 19.
-  const Tensor out = run("attention", make_attrs({{"scale", 2.0}}), {attention_q(), attention_k(), attention_v()});
+  const Tensor out =
+      run_op("attention", {attention_q(), attention_k(), attention_v()}, make_attrs({{"scale", 2.0}})).out();
   expect_values(out, {(4 + 2 + 12) / 9.0, (1 + 18 + 27) / 19.0});
 }
 
 TEST(Attention, DefaultScaleIsInverseSquareRootOfFeatures) {
   const Tensor q = floats({1, 1, 1, 2}, {0, 2 * std::log(3.0f) * std::sqrt(2.0f)});  // scaled: (0, 2 ln 3)
-  const Tensor out = run("attention", {}, {q, attention_k(), attention_v()});
+  const Tensor out = run_op("attention", {q, attention_k(), attention_v()}).out();
   expect_values(out, {(1 + 18 + 27) / 19.0});
 }
 
@@ -224,29 +158,30 @@ TEST(Attention, AdditiveAndBoolMasksBroadcast) {
   const Attrs attrs = make_attrs({{"scale", 1.0}, {"has_mask", true}});
   const Tensor additive = floats({3}, {0, -kInf, 0});
   // Head 0: (2, 0, 2) / 4; head 1: (1, 0, 3) / 4.
-  expect_values(run("attention", attrs, {attention_q(), attention_k(), attention_v(), additive}), {2, 2.5});
+  expect_values(run_op("attention", {attention_q(), attention_k(), attention_v(), additive}, attrs).out(), {2, 2.5});
   const Tensor keep = bools({1, 1, 1, 3}, {1, 0, 1});
-  expect_values(run("attention", attrs, {attention_q(), attention_k(), attention_v(), keep}), {2, 2.5});
+  expect_values(run_op("attention", {attention_q(), attention_k(), attention_v(), keep}, attrs).out(), {2, 2.5});
 }
 
 TEST(Attention, CachePositionBoundsTheKeysRead) {
   // Positions 0..1 only, although nothing masks position 2: head 0 (2, 1) / 3, head 1 (1, 3) / 4.
   const Attrs attrs = make_attrs({{"scale", 1.0}, {"has_cache_position", true}});
-  expect_values(run("attention", attrs, {attention_q(), attention_k(), attention_v(), ints({1}, {1})}),
+  expect_values(run_op("attention", {attention_q(), attention_k(), attention_v(), ints({1}, {1})}, attrs).out(),
                 {4.0 / 3, 7.0 / 4});
   const Attrs masked = make_attrs({{"scale", 1.0}, {"has_mask", true}, {"has_cache_position", true}});
   const Tensor mask = floats({1, 1, 1, 3}, {0, 0, -kInf});
-  expect_values(run("attention", masked, {attention_q(), attention_k(), attention_v(), mask, ints({1}, {1})}),
+  expect_values(run_op("attention", {attention_q(), attention_k(), attention_v(), mask, ints({1}, {1})}, masked).out(),
                 {4.0 / 3, 7.0 / 4});
   // A position past the cache reads everything.
-  expect_values(run("attention", attrs, {attention_q(), attention_k(), attention_v(), ints({2}, {0, 7})}),
+  expect_values(run_op("attention", {attention_q(), attention_k(), attention_v(), ints({2}, {0, 7})}, attrs).out(),
                 {10.0 / 5, 16.0 / 7});
 }
 
 TEST(Attention, CausalRowsSeeOnlyEarlierPositions) {
   // Equal scores: row 0 reads value 1, row 1 averages 1 and 3.
   const Tensor zeros = floats({1, 2, 1}, {0, 0});
-  const Tensor out = run("attention", make_attrs({{"is_causal", true}}), {zeros, zeros, floats({1, 2, 1}, {1, 3})});
+  const Tensor out =
+      run_op("attention", {zeros, zeros, floats({1, 2, 1}, {1, 3})}, make_attrs({{"is_causal", true}})).out();
   EXPECT_EQ(out.shape(), (Shape{1, 2, 1}));
   expect_values(out, {1, 2});
 }
@@ -254,39 +189,40 @@ TEST(Attention, CausalRowsSeeOnlyEarlierPositions) {
 TEST(Attention, FullyMaskedRowsGiveNanOrZeros) {
   const Tensor mask = floats({1, 1, 1, 3}, {-kInf, -kInf, -kInf});
   Attrs attrs = make_attrs({{"scale", 1.0}, {"has_mask", true}});
-  expect_values(run("attention", attrs, {attention_q(), attention_k(), attention_v(), mask}), {NAN, NAN});
+  expect_values(run_op("attention", {attention_q(), attention_k(), attention_v(), mask}, attrs).out(), {NAN, NAN});
   attrs.set("zero_masked_rows", true);
-  expect_values(run("attention", attrs, {attention_q(), attention_k(), attention_v(), mask}), {0, 0});
+  expect_values(run_op("attention", {attention_q(), attention_k(), attention_v(), mask}, attrs).out(), {0, 0});
 }
 
 TEST(Attention, EmptyQueriesAndValuesWiderThanKeys) {
   const Tensor out =
-      run("attention", {}, {floats({1, 2, 0, 2}, {}), attention_k(), floats({1, 1, 3, 2}, {1, 1, 2, 2, 3, 3})});
+      run_op("attention", {floats({1, 2, 0, 2}, {}), attention_k(), floats({1, 1, 3, 2}, {1, 1, 2, 2, 3, 3})}).out();
   EXPECT_EQ(out.shape(), (Shape{1, 2, 0, 2}));
-  const Tensor wide = run("attention", make_attrs({{"scale", 1.0}}),
-                          {attention_q(), attention_k(), floats({1, 1, 3, 2}, {1, -1, 2, -2, 3, -3})});
+  const Tensor wide = run_op("attention", {attention_q(), attention_k(), floats({1, 1, 3, 2}, {1, -1, 2, -2, 3, -3})},
+                             make_attrs({{"scale", 1.0}}))
+                          .out();
   expect_values(wide, {2, -2, 16.0 / 7, -16.0 / 7});
 }
 
 TEST(Attention, RejectsInconsistentShapesAndFlags) {
   const TensorMeta q{{1, 3, 1, 2}, DType::Float32}, kv{{1, 2, 4, 2}, DType::Float32};
-  EXPECT_THROW(infer("attention", {}, {q, kv, kv}), Error);  // 3 query heads over 2 key heads
+  EXPECT_THROW(infer_op("attention", {q, kv, kv}), Error);  // 3 query heads over 2 key heads
   const TensorMeta q2{{1, 2, 1, 2}, DType::Float32};
-  EXPECT_THROW(infer("attention", {}, {q2, {{1, 2, 4, 3}, DType::Float32}, kv}), Error);
-  EXPECT_THROW(infer("attention", {}, {q2, kv, {{1, 2, 5, 2}, DType::Float32}}), Error);
-  EXPECT_THROW(infer("attention", {}, {q2, kv, kv, {{1, 1, 1, 4}, DType::Float32}}), Error);  // mask without flag
-  EXPECT_THROW(infer("attention", make_attrs({{"has_mask", true}}), {q2, kv, kv}), Error);
-  EXPECT_THROW(infer("attention", make_attrs({{"has_mask", true}}), {q2, kv, kv, {{1, 1, 1, 5}, DType::Float32}}),
+  EXPECT_THROW(infer_op("attention", {q2, {{1, 2, 4, 3}, DType::Float32}, kv}), Error);
+  EXPECT_THROW(infer_op("attention", {q2, kv, {{1, 2, 5, 2}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("attention", {q2, kv, kv, {{1, 1, 1, 4}, DType::Float32}}), Error);  // mask without flag
+  EXPECT_THROW(infer_op("attention", {q2, kv, kv}, make_attrs({{"has_mask", true}})), Error);
+  EXPECT_THROW(infer_op("attention", {q2, kv, kv, {{1, 1, 1, 5}, DType::Float32}}, make_attrs({{"has_mask", true}})),
                Error);
-  EXPECT_THROW(infer("attention", make_attrs({{"has_mask", true}, {"is_causal", true}}),
-                     {q2, kv, kv, {{1, 1, 1, 4}, DType::Float32}}),
+  EXPECT_THROW(infer_op("attention", {q2, kv, kv, {{1, 1, 1, 4}, DType::Float32}},
+                        make_attrs({{"has_mask", true}, {"is_causal", true}})),
                Error);
-  EXPECT_THROW(infer("attention", make_attrs({{"has_cache_position", true}}), {q2, kv, kv, {{1}, DType::Float32}}),
+  EXPECT_THROW(infer_op("attention", {q2, kv, kv, {{1}, DType::Float32}}, make_attrs({{"has_cache_position", true}})),
                Error);
-  EXPECT_THROW(infer("attention", {}, {{{1, 2}, DType::Float32}, {{1, 2}, DType::Float32}, {{1, 2}, DType::Float32}}),
+  EXPECT_THROW(infer_op("attention", {{{1, 2}, DType::Float32}, {{1, 2}, DType::Float32}, {{1, 2}, DType::Float32}}),
                Error);
-  EXPECT_THROW(infer("attention", {}, {q2, {{2, 2, 4, 2}, DType::Float32}, {{2, 2, 4, 2}, DType::Float32}}), Error);
-  const auto out = infer("attention", make_attrs({{"has_cache_position", true}}), {q2, kv, kv, {{1}, DType::Int64}});
+  EXPECT_THROW(infer_op("attention", {q2, {{2, 2, 4, 2}, DType::Float32}, {{2, 2, 4, 2}, DType::Float32}}), Error);
+  const auto out = infer_op("attention", {q2, kv, kv, {{1}, DType::Int64}}, make_attrs({{"has_cache_position", true}}));
   EXPECT_EQ(out[0].shape, (Shape{1, 2, 1, 2}));
 }
 
@@ -296,17 +232,17 @@ TEST(Attention, RejectsInconsistentShapesAndFlags) {
 TEST(MaskedSoftmax, AddsTheMaskThenNormalizesTheLastDim) {
   const Tensor scores = floats({2, 3}, {0, std::log(2.0f), std::log(3.0f), 1, 1, 1});
   const Tensor mask = floats({3}, {0, 0, -kInf});
-  expect_values(run("masked_softmax", {}, {scores, mask}), {1.0 / 3, 2.0 / 3, 0, 0.5, 0.5, 0});
-  expect_values(run("masked_softmax", {}, {floats({1, 2}, {0, 0}), floats({2}, {-kInf, -kInf})}), {NAN, NAN});
+  expect_values(run_op("masked_softmax", {scores, mask}).out(), {1.0 / 3, 2.0 / 3, 0, 0.5, 0.5, 0});
+  expect_values(run_op("masked_softmax", {floats({1, 2}, {0, 0}), floats({2}, {-kInf, -kInf})}).out(), {NAN, NAN});
 }
 
 TEST(MaskedSoftmax, DtypeAttributeAndBadShapes) {
   const TensorMeta half{{2, 4}, DType::BFloat16};
-  EXPECT_EQ(infer("masked_softmax", {}, {half, half})[0].dtype, DType::BFloat16);
-  EXPECT_EQ(infer("masked_softmax", make_attrs({{"dtype", std::string("torch.float32")}}), {half, half})[0].dtype,
+  EXPECT_EQ(infer_op("masked_softmax", {half, half})[0].dtype, DType::BFloat16);
+  EXPECT_EQ(infer_op("masked_softmax", {half, half}, make_attrs({{"dtype", std::string("torch.float32")}}))[0].dtype,
             DType::Float32);
-  EXPECT_THROW(infer("masked_softmax", {}, {half, {{3}, DType::BFloat16}}), Error);
-  EXPECT_THROW(infer("masked_softmax", make_attrs({{"dtype", std::string("torch.int64")}}), {half, half}), Error);
+  EXPECT_THROW(infer_op("masked_softmax", {half, {{3}, DType::BFloat16}}), Error);
+  EXPECT_THROW(infer_op("masked_softmax", {half, half}, make_attrs({{"dtype", std::string("torch.int64")}})), Error);
 }
 
 // ====================================================================================================================
@@ -315,30 +251,30 @@ TEST(MaskedSoftmax, DtypeAttributeAndBadShapes) {
 TEST(ElementwiseChain, AppliesStepsInOrder) {
   const Tensor x = floats({2, 2}, {-1, 0, 0.5, 3});
   const Attrs attrs = make_attrs({{"ops", std::string("mul,add,relu")}, {"scalars", std::vector<double>{2, -1, 0}}});
-  expect_values(run("elementwise_chain", attrs, {x}), {0, 0, 0, 5});  // relu(2x - 1)
+  expect_values(run_op("elementwise_chain", {x}, attrs).out(), {0, 0, 0, 5});  // relu(2x - 1)
   const Attrs power = make_attrs({{"ops", std::string("pow,neg")}, {"scalars", std::vector<double>{2, 0}}});
-  expect_values(run("elementwise_chain", power, {floats({2}, {-3, 2})}), {-9, -4});
+  expect_values(run_op("elementwise_chain", {floats({2}, {-3, 2})}, power).out(), {-9, -4});
   const Attrs ratio = make_attrs({{"ops", std::string("div,exp,sub")}, {"scalars", std::vector<double>{2, 0, 1}}});
-  expect_values(run("elementwise_chain", ratio, {floats({2}, {0, 2 * std::log(3.0f)})}), {0, 2});
-  EXPECT_EQ(run("elementwise_chain", attrs, {floats({0}, {})}).shape(), (Shape{0}));
+  expect_values(run_op("elementwise_chain", {floats({2}, {0, 2 * std::log(3.0f)})}, ratio).out(), {0, 2});
+  EXPECT_EQ(run_op("elementwise_chain", {floats({0}, {})}, attrs).out().shape(), (Shape{0}));
 }
 
 TEST(ElementwiseChain, KeepsTheInputDtype) {
   const Attrs attrs = make_attrs({{"ops", std::string("neg,tanh")}, {"scalars", std::vector<double>{0, 0}}});
-  EXPECT_EQ(infer("elementwise_chain", attrs, {{{3}, DType::BFloat16}})[0], (TensorMeta{{3}, DType::BFloat16}));
+  EXPECT_EQ(infer_op("elementwise_chain", {{{3}, DType::BFloat16}}, attrs)[0], (TensorMeta{{3}, DType::BFloat16}));
 }
 
 TEST(ElementwiseChain, RejectsUnknownStepsAndMissingScalars) {
   const TensorMeta x{{3}, DType::Float32};
-  EXPECT_THROW(infer("elementwise_chain",
-                     make_attrs({{"ops", std::string("neg,softmax")}, {"scalars", std::vector<double>{0, 0}}}), {x}),
+  EXPECT_THROW(infer_op("elementwise_chain", {x},
+                        make_attrs({{"ops", std::string("neg,softmax")}, {"scalars", std::vector<double>{0, 0}}})),
                Error);
-  EXPECT_THROW(infer("elementwise_chain",
-                     make_attrs({{"ops", std::string("neg,mul")}, {"scalars", std::vector<double>{0}}}), {x}),
+  EXPECT_THROW(infer_op("elementwise_chain", {x},
+                        make_attrs({{"ops", std::string("neg,mul")}, {"scalars", std::vector<double>{0}}})),
                Error);
-  EXPECT_THROW(infer("elementwise_chain", make_attrs({{"ops", std::string("neg")}}), {x}), Error);
+  EXPECT_THROW(infer_op("elementwise_chain", {x}, make_attrs({{"ops", std::string("neg")}})), Error);
   EXPECT_THROW(
-      infer("elementwise_chain", make_attrs({{"ops", std::string("")}, {"scalars", std::vector<double>{0}}}), {x}),
+      infer_op("elementwise_chain", {x}, make_attrs({{"ops", std::string("")}, {"scalars", std::vector<double>{0}}})),
       Error);
 }
 

@@ -8,79 +8,12 @@
 
 #include "npusim/op_registry.h"
 #include "ops/gemm.h"
+#include "unit/op_test_util.h"
 
 using namespace npusim;
+using namespace npusim::test;
 
 namespace {
-
-Attrs make_attrs(std::vector<std::pair<std::string, AttrValue>> values = {}) {
-  Attrs attrs("test");
-  for (auto& [name, value] : values) attrs.set(name, std::move(value));
-  return attrs;
-}
-
-Tensor floats(Shape shape, const std::vector<float>& values) {
-  Tensor t(DType::Float32, std::move(shape));
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-  std::copy(values.begin(), values.end(), t.mutable_data<float>());
-  return t;
-}
-
-Tensor ints(Shape shape, const std::vector<int64_t>& values) {
-  Tensor t(DType::Int64, std::move(shape));
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-  std::copy(values.begin(), values.end(), t.mutable_data<int64_t>());
-  return t;
-}
-
-// Deterministic values in [-1, 1] that differ from element to element.
-Tensor pattern(Shape shape, float seed = 0.0f) {
-  Tensor t(DType::Float32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data<float>()[i] = std::sin(0.7f * static_cast<float>(i) + seed);
-  return t;
-}
-
-std::vector<TensorMeta> metas_of(const std::vector<Tensor>& inputs) {
-  std::vector<TensorMeta> metas;
-  for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
-  return metas;
-}
-
-// Normalizes attrs through the spelling, infers, runs the reference and checks the outputs match the inferred metas.
-std::vector<Tensor> run(const std::string& op_type, Attrs attrs, const std::vector<Tensor>& inputs) {
-  const auto [def, spelling] = OpRegistry::instance().find_spelling(op_type);
-  if (!def) throw std::runtime_error("unknown op " + op_type);
-  OpRegistry::instance().normalize_attrs(*def, spelling, attrs, "test");
-  const std::vector<TensorMeta> metas = def->infer(attrs, metas_of(inputs));
-  std::vector<Tensor> reference_inputs;
-  for (const Tensor& t : inputs) reference_inputs.push_back(t.to_reference());
-  std::vector<Tensor> outputs = def->reference(attrs, reference_inputs, metas);
-  EXPECT_EQ(outputs.size(), metas.size());
-  for (size_t i = 0; i < outputs.size() && i < metas.size(); ++i) {
-    EXPECT_EQ(outputs[i].shape(), metas[i].shape) << op_type;
-    EXPECT_EQ(outputs[i].dtype(), reference_dtype(metas[i].dtype)) << op_type;
-  }
-  return outputs;
-}
-
-Tensor run1(const std::string& op_type, Attrs attrs, const std::vector<Tensor>& inputs) {
-  return run(op_type, std::move(attrs), inputs).at(0);
-}
-
-std::vector<TensorMeta> infer(const std::string& op_type, Attrs attrs, const std::vector<TensorMeta>& inputs) {
-  const auto [def, spelling] = OpRegistry::instance().find_spelling(op_type);
-  if (!def) throw std::runtime_error("unknown op " + op_type);
-  OpRegistry::instance().normalize_attrs(*def, spelling, attrs, "test");
-  return def->infer(attrs, inputs);
-}
-
-void expect_values(const Tensor& actual, const std::vector<float>& expected, float tolerance = 1e-5f) {
-  ASSERT_EQ(static_cast<size_t>(actual.numel()), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i)
-    EXPECT_NEAR(actual.element_as_double(static_cast<int64_t>(i)), expected[i],
-                tolerance * std::max(1.0f, std::abs(expected[i])))
-        << "element " << i;
-}
 
 // Naive product of row-major matrices a [n, k] and b [k, m] in double.
 std::vector<float> naive_matmul(const float* a, const float* b, int64_t n, int64_t k, int64_t m) {
@@ -204,32 +137,31 @@ TEST(Gemm, BatchOffsetsBroadcastAndGroup) {
 // ---- matmul ----
 
 TEST(Matmul, TwoByTwo) {
-  const Tensor out =
-      run1("aten.mm.default", make_attrs(), {floats({2, 2}, {1, 2, 3, 4}), floats({2, 2}, {5, 6, 7, 8})});
+  const Tensor out = run_op("aten.mm.default", {floats({2, 2}, {1, 2, 3, 4}), floats({2, 2}, {5, 6, 7, 8})}).out();
   expect_values(out, {19, 22, 43, 50});
 }
 
 TEST(Matmul, OneDimensionalOperands) {
   const Tensor v = floats({3}, {1, 2, 3});
   const Tensor m = floats({3, 2}, {1, 2, 3, 4, 5, 6});
-  const Tensor dot = run1("aten.matmul.default", make_attrs(), {v, floats({3}, {4, 5, 6})});
+  const Tensor dot = run_op("aten.matmul.default", {v, floats({3}, {4, 5, 6})}).out();
   EXPECT_EQ(dot.shape(), Shape{});
   expect_values(dot, {32});
-  const Tensor vm = run1("aten.matmul.default", make_attrs(), {v, m});
+  const Tensor vm = run_op("aten.matmul.default", {v, m}).out();
   EXPECT_EQ(vm.shape(), Shape{2});
   expect_values(vm, {22, 28});
-  const Tensor mv = run1("aten.matmul.default", make_attrs(), {floats({2, 3}, {1, 2, 3, 4, 5, 6}), v});
+  const Tensor mv = run_op("aten.matmul.default", {floats({2, 3}, {1, 2, 3, 4, 5, 6}), v}).out();
   EXPECT_EQ(mv.shape(), Shape{2});
   expect_values(mv, {14, 32});
   // [3] x [2, 3, 2] -> [2, 2]; [2, 2, 3] x [3] -> [2, 2]
   const Tensor batched_b = pattern({2, 3, 2});
-  const Tensor vb = run1("aten.matmul.default", make_attrs(), {v, batched_b});
+  const Tensor vb = run_op("aten.matmul.default", {v, batched_b}).out();
   EXPECT_EQ(vb.shape(), (Shape{2, 2}));
   const float* b = batched_b.data<float>();
   expect_values(vb, {b[0] + 2 * b[2] + 3 * b[4], b[1] + 2 * b[3] + 3 * b[5], b[6] + 2 * b[8] + 3 * b[10],
                      b[7] + 2 * b[9] + 3 * b[11]});
   const Tensor batched_a = pattern({2, 2, 3});
-  const Tensor bv = run1("aten.matmul.default", make_attrs(), {batched_a, v});
+  const Tensor bv = run_op("aten.matmul.default", {batched_a, v}).out();
   EXPECT_EQ(bv.shape(), (Shape{2, 2}));
   const float* a = batched_a.data<float>();
   expect_values(bv, {a[0] + 2 * a[1] + 3 * a[2], a[3] + 2 * a[4] + 3 * a[5], a[6] + 2 * a[7] + 3 * a[8],
@@ -239,7 +171,7 @@ TEST(Matmul, OneDimensionalOperands) {
 TEST(Matmul, BroadcastsBatchDims) {
   const Tensor a = pattern({2, 1, 3, 4}, 0.1f);
   const Tensor b = pattern({5, 4, 2}, 0.2f);
-  const Tensor out = run1("aten.matmul.default", make_attrs(), {a, b});
+  const Tensor out = run_op("aten.matmul.default", {a, b}).out();
   ASSERT_EQ(out.shape(), (Shape{2, 5, 3, 2}));
   std::vector<float> expected;
   for (int64_t i = 0; i < 2; ++i)
@@ -253,7 +185,7 @@ TEST(Matmul, BroadcastsBatchDims) {
 TEST(Matmul, SharedRightOperandFoldsBatch) {
   const Tensor a = pattern({3, 7, 33});
   const Tensor b = pattern({33, 65}, 1.0f);
-  const Tensor out = run1("aten.matmul.default", make_attrs(), {a, b});
+  const Tensor out = run_op("aten.matmul.default", {a, b}).out();
   ASSERT_EQ(out.shape(), (Shape{3, 7, 65}));
   expect_values(out, naive_matmul(a.data<float>(), b.data<float>(), 21, 33, 65), 1e-4f);
 }
@@ -261,7 +193,7 @@ TEST(Matmul, SharedRightOperandFoldsBatch) {
 TEST(Matmul, BmmAndIntegers) {
   const Tensor a = pattern({3, 5, 7});
   const Tensor b = pattern({3, 7, 2}, 2.0f);
-  const Tensor out = run1("aten.bmm.default", make_attrs(), {a, b});
+  const Tensor out = run_op("aten.bmm.default", {a, b}).out();
   ASSERT_EQ(out.shape(), (Shape{3, 5, 2}));
   std::vector<float> expected;
   for (int64_t i = 0; i < 3; ++i) {
@@ -270,37 +202,34 @@ TEST(Matmul, BmmAndIntegers) {
   }
   expect_values(out, expected);
 
-  const Tensor integer =
-      run1("aten.matmul.default", make_attrs(), {ints({2, 2}, {1, 2, 3, 4}), ints({2, 2}, {5, 6, 7, 8})});
+  const Tensor integer = run_op("aten.matmul.default", {ints({2, 2}, {1, 2, 3, 4}), ints({2, 2}, {5, 6, 7, 8})}).out();
   EXPECT_EQ(integer.dtype(), DType::Int64);
   EXPECT_EQ(std::vector<int64_t>(integer.data<int64_t>(), integer.data<int64_t>() + 4),
             (std::vector<int64_t>{19, 22, 43, 50}));
 }
 
 TEST(Matmul, EmptyDimensions) {
-  const Tensor no_rows = run1("aten.matmul.default", make_attrs(), {pattern({0, 3}), pattern({3, 2})});
+  const Tensor no_rows = run_op("aten.matmul.default", {pattern({0, 3}), pattern({3, 2})}).out();
   EXPECT_EQ(no_rows.shape(), (Shape{0, 2}));
-  const Tensor no_inner = run1("aten.matmul.default", make_attrs(), {pattern({2, 0}), pattern({0, 3})});
+  const Tensor no_inner = run_op("aten.matmul.default", {pattern({2, 0}), pattern({0, 3})}).out();
   EXPECT_EQ(no_inner.shape(), (Shape{2, 3}));
   expect_values(no_inner, std::vector<float>(6, 0.0f));
 }
 
 TEST(Matmul, DtypePromotion) {
-  const auto metas = infer("aten.matmul.default", make_attrs(), {{{2, 3}, DType::BFloat16}, {{3, 4}, DType::Float32}});
+  const auto metas = infer_op("aten.matmul.default", {{{2, 3}, DType::BFloat16}, {{3, 4}, DType::Float32}});
   EXPECT_EQ(metas[0].dtype, DType::Float32);
   EXPECT_EQ(metas[0].shape, (Shape{2, 4}));
 }
 
 TEST(Matmul, RejectsBadShapes) {
-  EXPECT_THROW(infer("aten.matmul.default", make_attrs(), {{{2, 3}, DType::Float32}, {{4, 2}, DType::Float32}}), Error);
-  EXPECT_THROW(infer("aten.matmul.default", make_attrs(), {{{2, 2, 3}, DType::Float32}, {{3, 3, 2}, DType::Float32}}),
-               Error);
-  EXPECT_THROW(infer("aten.matmul.default", make_attrs(), {{{}, DType::Float32}, {{3}, DType::Float32}}), Error);
-  EXPECT_THROW(infer("aten.mm.default", make_attrs(), {{{2, 3, 1}, DType::Float32}, {{3, 2}, DType::Float32}}), Error);
-  EXPECT_THROW(infer("aten.bmm.default", make_attrs(), {{{2, 3, 4}, DType::Float32}, {{3, 4, 2}, DType::Float32}}),
-               Error);
-  EXPECT_THROW(infer("aten.bmm.default", make_attrs(), {{{3, 4}, DType::Float32}, {{4, 2}, DType::Float32}}), Error);
-  EXPECT_THROW(infer("aten.matmul.default", make_attrs(), {{{2, 2}, DType::Bool}, {{2, 2}, DType::Bool}}), Error);
+  EXPECT_THROW(infer_op("aten.matmul.default", {{{2, 3}, DType::Float32}, {{4, 2}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.matmul.default", {{{2, 2, 3}, DType::Float32}, {{3, 3, 2}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.matmul.default", {{{}, DType::Float32}, {{3}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.mm.default", {{{2, 3, 1}, DType::Float32}, {{3, 2}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.bmm.default", {{{2, 3, 4}, DType::Float32}, {{3, 4, 2}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.bmm.default", {{{3, 4}, DType::Float32}, {{4, 2}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.matmul.default", {{{2, 2}, DType::Bool}, {{2, 2}, DType::Bool}}), Error);
 }
 
 // ---- linear ----
@@ -308,15 +237,15 @@ TEST(Matmul, RejectsBadShapes) {
 TEST(Linear, WithAndWithoutBias) {
   const Tensor x = floats({2, 3}, {1, 2, 3, 4, 5, 6});
   const Tensor weight = floats({2, 3}, {1, 0, -1, 0.5, 0.5, 0.5});
-  expect_values(run1("aten.linear.default", make_attrs(), {x, weight}), {-2, 3, -2, 7.5});
-  expect_values(run1("aten.linear.default", make_attrs(), {x, weight, floats({2}, {10, 20})}), {8, 23, 8, 27.5});
+  expect_values(run_op("aten.linear.default", {x, weight}).out(), {-2, 3, -2, 7.5});
+  expect_values(run_op("aten.linear.default", {x, weight, floats({2}, {10, 20})}).out(), {8, 23, 8, 27.5});
 }
 
 TEST(Linear, LeadingDimsAndVectorInput) {
   const Tensor x = pattern({2, 3, 33});
   const Tensor weight = pattern({65, 33}, 3.0f);
   const Tensor bias = pattern({65}, 5.0f);
-  const Tensor out = run1("aten.linear.default", make_attrs(), {x, weight, bias});
+  const Tensor out = run_op("aten.linear.default", {x, weight, bias}).out();
   ASSERT_EQ(out.shape(), (Shape{2, 3, 65}));
   std::vector<float> weight_t(33 * 65);
   for (int64_t j = 0; j < 65; ++j)
@@ -326,28 +255,27 @@ TEST(Linear, LeadingDimsAndVectorInput) {
   expect_values(out, expected, 1e-4f);
 
   const Tensor small_weight = pattern({2, 3});
-  const Tensor vector_out = run1("aten.linear.default", make_attrs(), {floats({3}, {1, 1, 1}), small_weight});
+  const Tensor vector_out = run_op("aten.linear.default", {floats({3}, {1, 1, 1}), small_weight}).out();
   ASSERT_EQ(vector_out.shape(), Shape{2});
   const float* w = small_weight.data<float>();
   expect_values(vector_out, {w[0] + w[1] + w[2], w[3] + w[4] + w[5]});
 }
 
 TEST(Linear, EmptyFeaturesGiveBias) {
-  const Tensor out =
-      run1("aten.linear.default", make_attrs(), {pattern({2, 0}), pattern({3, 0}), floats({3}, {1, 2, 3})});
+  const Tensor out = run_op("aten.linear.default", {pattern({2, 0}), pattern({3, 0}), floats({3}, {1, 2, 3})}).out();
   ASSERT_EQ(out.shape(), (Shape{2, 3}));
   expect_values(out, {1, 2, 3, 1, 2, 3});
-  const Tensor no_bias = run1("aten.linear.default", make_attrs(), {pattern({2, 0}), pattern({3, 0})});
+  const Tensor no_bias = run_op("aten.linear.default", {pattern({2, 0}), pattern({3, 0})}).out();
   expect_values(no_bias, std::vector<float>(6, 0.0f));
 }
 
 TEST(Linear, RejectsBadShapes) {
-  EXPECT_THROW(infer("aten.linear.default", make_attrs(), {{{2, 3}, DType::Float32}, {{4, 2}, DType::Float32}}), Error);
-  EXPECT_THROW(infer("aten.linear.default", make_attrs(), {{{2, 3}, DType::Float32}, {{3}, DType::Float32}}), Error);
-  EXPECT_THROW(infer("aten.linear.default", make_attrs(),
-                     {{{2, 3}, DType::Float32}, {{4, 3}, DType::Float32}, {{3}, DType::Float32}}),
-               Error);
-  EXPECT_THROW(infer("aten.linear.default", make_attrs(), {{{}, DType::Float32}, {{4, 3}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.linear.default", {{{2, 3}, DType::Float32}, {{4, 2}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.linear.default", {{{2, 3}, DType::Float32}, {{3}, DType::Float32}}), Error);
+  EXPECT_THROW(
+      infer_op("aten.linear.default", {{{2, 3}, DType::Float32}, {{4, 3}, DType::Float32}, {{3}, DType::Float32}}),
+      Error);
+  EXPECT_THROW(infer_op("aten.linear.default", {{{}, DType::Float32}, {{4, 3}, DType::Float32}}), Error);
 }
 
 // ---- addmm / baddbmm ----
@@ -357,48 +285,50 @@ TEST(Addmm, BetaAlphaAndBroadcastBias) {
   const Tensor a = floats({2, 2}, {1, 2, 3, 4});
   const Tensor b = floats({2, 2}, {5, 6, 7, 8});
   // 0.5 * bias + 2 * (a . b) = 0.5 * [1, -1] + 2 * [[19, 22], [43, 50]]
-  const Tensor out = run1("aten.addmm.default", make_attrs({{"beta", 0.5}, {"alpha", int64_t{2}}}), {bias, a, b});
+  const Tensor out =
+      run_op("aten.addmm.default", {bias, a, b}, make_attrs({{"beta", 0.5}, {"alpha", int64_t{2}}})).out();
   expect_values(out, {38.5, 43.5, 86.5, 99.5});
   // Defaults: beta = alpha = 1.
-  expect_values(run1("aten.addmm.default", make_attrs(), {bias, a, b}), {20, 21, 44, 49});
+  expect_values(run_op("aten.addmm.default", {bias, a, b}).out(), {20, 21, 44, 49});
   // beta = 0 ignores the bias entirely, NaN included.
   const Tensor nan_bias = floats({1}, {std::numeric_limits<float>::quiet_NaN()});
-  expect_values(run1("aten.addmm.default", make_attrs({{"beta", int64_t{0}}}), {nan_bias, a, b}), {19, 22, 43, 50});
+  expect_values(run_op("aten.addmm.default", {nan_bias, a, b}, make_attrs({{"beta", int64_t{0}}})).out(),
+                {19, 22, 43, 50});
 }
 
 TEST(Addmm, BaddbmmPerBatch) {
   const Tensor self = floats({1, 1, 2}, {10, 20});
   const Tensor a = floats({2, 1, 2}, {1, 2, 3, 4});
   const Tensor b = floats({2, 2, 2}, {1, 0, 0, 1, 2, 0, 0, 2});
-  const Tensor out = run1("aten.baddbmm.default", make_attrs({{"beta", 2.0}, {"alpha", -1.0}}), {self, a, b});
+  const Tensor out = run_op("aten.baddbmm.default", {self, a, b}, make_attrs({{"beta", 2.0}, {"alpha", -1.0}})).out();
   ASSERT_EQ(out.shape(), (Shape{2, 1, 2}));
   expect_values(out, {19, 38, 14, 32});
 }
 
 TEST(Addmm, RejectsBadShapes) {
-  EXPECT_THROW(infer("aten.addmm.default", make_attrs(),
-                     {{{3}, DType::Float32}, {{2, 2}, DType::Float32}, {{2, 2}, DType::Float32}}),
-               Error);
-  EXPECT_THROW(infer("aten.addmm.default", make_attrs(),
-                     {{{2}, DType::Float32}, {{2, 2, 2}, DType::Float32}, {{2, 2}, DType::Float32}}),
-               Error);
-  EXPECT_THROW(infer("aten.baddbmm.default", make_attrs(),
-                     {{{2}, DType::Float32}, {{2, 2, 2}, DType::Float32}, {{3, 2, 2}, DType::Float32}}),
+  EXPECT_THROW(
+      infer_op("aten.addmm.default", {{{3}, DType::Float32}, {{2, 2}, DType::Float32}, {{2, 2}, DType::Float32}}),
+      Error);
+  EXPECT_THROW(
+      infer_op("aten.addmm.default", {{{2}, DType::Float32}, {{2, 2, 2}, DType::Float32}, {{2, 2}, DType::Float32}}),
+      Error);
+  EXPECT_THROW(infer_op("aten.baddbmm.default",
+                        {{{2}, DType::Float32}, {{2, 2, 2}, DType::Float32}, {{3, 2, 2}, DType::Float32}}),
                Error);
 }
 
 // ---- t ----
 
 TEST(Transpose, MatrixVectorAndScalar) {
-  const Tensor out = run1("aten.t.default", make_attrs(), {floats({2, 3}, {1, 2, 3, 4, 5, 6})});
+  const Tensor out = run_op("aten.t.default", {floats({2, 3}, {1, 2, 3, 4, 5, 6})}).out();
   ASSERT_EQ(out.shape(), (Shape{3, 2}));
   expect_values(out, {1, 4, 2, 5, 3, 6});
-  expect_values(run1("aten.t.default", make_attrs(), {floats({3}, {1, 2, 3})}), {1, 2, 3});
-  expect_values(run1("aten.t.default", make_attrs(), {floats({}, {7})}), {7});
-  const Tensor integer = run1("aten.t.default", make_attrs(), {ints({1, 2}, {5, 9})});
+  expect_values(run_op("aten.t.default", {floats({3}, {1, 2, 3})}).out(), {1, 2, 3});
+  expect_values(run_op("aten.t.default", {floats({}, {7})}).out(), {7});
+  const Tensor integer = run_op("aten.t.default", {ints({1, 2}, {5, 9})}).out();
   EXPECT_EQ(integer.shape(), (Shape{2, 1}));
   EXPECT_EQ(integer.data<int64_t>()[1], 9);
-  EXPECT_THROW(infer("aten.t.default", make_attrs(), {{{2, 3, 4}, DType::Float32}}), Error);
+  EXPECT_THROW(infer_op("aten.t.default", {{{2, 3, 4}, DType::Float32}}), Error);
 }
 
 TEST(LinalgRegistry, SpellingsAreRegistered) {

@@ -7,109 +7,14 @@
 #include <vector>
 
 #include "npusim/op_registry.h"
+#include "unit/op_test_util.h"
 
 using namespace npusim;
+using namespace npusim::test;
 
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
 using Ints = std::vector<int64_t>;
-
-Attrs make_attrs(std::vector<std::pair<std::string, AttrValue>> values = {}) {
-  Attrs attrs("test");
-  for (auto& [name, value] : values) attrs.set(name, std::move(value));
-  return attrs;
-}
-
-Tensor floats(Shape shape, const std::vector<float>& values) {
-  Tensor t(DType::Float32, std::move(shape));
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-  std::copy(values.begin(), values.end(), t.mutable_data<float>());
-  return t;
-}
-
-Tensor ints(Shape shape, const std::vector<int64_t>& values) {
-  Tensor t(DType::Int64, std::move(shape));
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-  std::copy(values.begin(), values.end(), t.mutable_data<int64_t>());
-  return t;
-}
-
-Tensor bools(Shape shape, const std::vector<uint8_t>& values) {
-  Tensor t(DType::Bool, std::move(shape));
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size());
-  std::copy(values.begin(), values.end(), t.mutable_data<uint8_t>());
-  return t;
-}
-
-// 0, 1, 2, ... in the given shape.
-Tensor iota(Shape shape) {
-  Tensor t(DType::Float32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data<float>()[i] = static_cast<float>(i);
-  return t;
-}
-
-// Deterministic values in [-1, 1] that differ from element to element.
-Tensor pattern(Shape shape, float seed = 0.0f) {
-  Tensor t(DType::Float32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data<float>()[i] = std::sin(0.7f * static_cast<float>(i) + seed);
-  return t;
-}
-
-std::vector<float> values_of(const Tensor& t) {
-  std::vector<float> values;
-  for (int64_t i = 0; i < t.numel(); ++i) values.push_back(static_cast<float>(t.element_as_double(i)));
-  return values;
-}
-
-std::vector<TensorMeta> metas_of(const std::vector<Tensor>& inputs) {
-  std::vector<TensorMeta> metas;
-  for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
-  return metas;
-}
-
-// Normalizes attrs through the spelling, infers, runs the reference and checks the outputs match the inferred metas.
-std::vector<Tensor> run(const std::string& op_type, Attrs attrs, const std::vector<Tensor>& inputs) {
-  const auto [def, spelling] = OpRegistry::instance().find_spelling(op_type);
-  if (!def) throw std::runtime_error("unknown op " + op_type);
-  OpRegistry::instance().normalize_attrs(*def, spelling, attrs, "test");
-  const std::vector<TensorMeta> metas = def->infer(attrs, metas_of(inputs));
-  std::vector<Tensor> reference_inputs;
-  for (const Tensor& t : inputs) reference_inputs.push_back(t.to_reference());
-  std::vector<Tensor> outputs = def->reference(attrs, reference_inputs, metas);
-  EXPECT_EQ(outputs.size(), metas.size());
-  for (size_t i = 0; i < outputs.size() && i < metas.size(); ++i) {
-    EXPECT_EQ(outputs[i].shape(), metas[i].shape) << op_type;
-    EXPECT_EQ(outputs[i].dtype(), reference_dtype(metas[i].dtype)) << op_type;
-  }
-  return outputs;
-}
-
-Tensor run1(const std::string& op_type, Attrs attrs, const std::vector<Tensor>& inputs) {
-  return run(op_type, std::move(attrs), inputs).at(0);
-}
-
-std::vector<TensorMeta> infer(const std::string& op_type, Attrs attrs, const std::vector<TensorMeta>& inputs) {
-  const auto [def, spelling] = OpRegistry::instance().find_spelling(op_type);
-  if (!def) throw std::runtime_error("unknown op " + op_type);
-  OpRegistry::instance().normalize_attrs(*def, spelling, attrs, "test");
-  return def->infer(attrs, inputs);
-}
-
-TensorMeta f32(Shape shape) { return {std::move(shape), DType::Float32}; }
-
-void expect_values(const Tensor& actual, const std::vector<float>& expected, float tolerance = 1e-5f) {
-  ASSERT_EQ(static_cast<size_t>(actual.numel()), expected.size());
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double value = actual.element_as_double(static_cast<int64_t>(i));
-    if (std::isinf(expected[i])) {
-      EXPECT_EQ(value, expected[i]) << "element " << i;
-    } else {
-      EXPECT_NEAR(value, expected[i], tolerance * std::max(1.0f, std::abs(expected[i]))) << "element " << i;
-    }
-  }
-}
 
 // ====================================================================================================================
 // Convolution
@@ -145,27 +50,30 @@ std::vector<float> naive_conv2d(const Tensor& x, const Tensor& w, const float* b
 }
 
 TEST(Conv2d, OnesKernelNoPadding) {
-  const Tensor out = run1("aten.conv2d.default", make_attrs(),
-                          {iota({1, 1, 4, 4}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))});
+  const Tensor out =
+      run_op("aten.conv2d.default", {iota({1, 1, 4, 4}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))}).out();
   ASSERT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
   expect_values(out, {45, 54, 81, 90});
 }
 
 TEST(Conv2d, PaddingAndStride) {
   const Tensor ones = floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f));
-  const Tensor out = run1("aten.conv2d.default", make_attrs({{"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}),
-                          {iota({1, 1, 4, 4}), ones});
+  const Tensor out = run_op("aten.conv2d.default", {iota({1, 1, 4, 4}), ones},
+                            make_attrs({{"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}))
+                         .out();
   ASSERT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
   expect_values(out, {10, 24, 51, 90});
   // A single int applies to both dims; padding 1 keeps the size.
-  const Tensor same = run1("aten.conv2d.default", make_attrs({{"padding", int64_t{1}}}), {iota({1, 1, 3, 3}), ones});
+  const Tensor same =
+      run_op("aten.conv2d.default", {iota({1, 1, 3, 3}), ones}, make_attrs({{"padding", int64_t{1}}})).out();
   ASSERT_EQ(same.shape(), (Shape{1, 1, 3, 3}));
   expect_values(same, {8, 15, 12, 21, 36, 27, 20, 33, 24});
 }
 
 TEST(Conv2d, Dilation) {
   const Tensor ones = floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f));
-  const Tensor out = run1("aten.conv2d.default", make_attrs({{"dilation", Ints{2, 2}}}), {iota({1, 1, 5, 5}), ones});
+  const Tensor out =
+      run_op("aten.conv2d.default", {iota({1, 1, 5, 5}), ones}, make_attrs({{"dilation", Ints{2, 2}}})).out();
   ASSERT_EQ(out.shape(), (Shape{1, 1, 1, 1}));
   expect_values(out, {108});  // x at rows and columns {0, 2, 4}
 }
@@ -174,9 +82,9 @@ TEST(Conv2d, DepthwiseWithBias) {
   const Tensor x = floats({1, 2, 2, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
   const Tensor w = floats({2, 1, 1, 1}, {2, -1});
   const Tensor bias = floats({2}, {0.5, 1});
-  expect_values(run1("aten.conv2d.default", make_attrs({{"groups", int64_t{2}}}), {x, w, bias}),
+  expect_values(run_op("aten.conv2d.default", {x, w, bias}, make_attrs({{"groups", int64_t{2}}})).out(),
                 {2.5, 4.5, 6.5, 8.5, -4, -5, -6, -7});
-  expect_values(run1("aten.conv2d.default", make_attrs({{"groups", int64_t{2}}}), {x, w}),
+  expect_values(run_op("aten.conv2d.default", {x, w}, make_attrs({{"groups", int64_t{2}}})).out(),
                 {2, 4, 6, 8, -5, -6, -7, -8});
 }
 
@@ -184,10 +92,11 @@ TEST(Conv2d, GroupedStridedDilatedMatchesDirectConvolution) {
   const Tensor x = pattern({2, 6, 9, 11});
   const Tensor w = pattern({4, 3, 3, 2}, 1.0f);
   const Tensor bias = floats({4}, {0.1f, -0.2f, 0.3f, -0.4f});
-  const Tensor out = run1(
-      "aten.conv2d.default",
-      make_attrs({{"stride", Ints{2, 1}}, {"padding", Ints{1, 2}}, {"dilation", Ints{1, 2}}, {"groups", int64_t{2}}}),
-      {x, w, bias});
+  const Tensor out =
+      run_op("aten.conv2d.default", {x, w, bias},
+             make_attrs(
+                 {{"stride", Ints{2, 1}}, {"padding", Ints{1, 2}}, {"dilation", Ints{1, 2}}, {"groups", int64_t{2}}}))
+          .out();
   ASSERT_EQ(out.shape(), (Shape{2, 4, 5, 13}));
   expect_values(out, naive_conv2d(x, w, bias.data<float>(), {2, 1}, {1, 2}, {1, 2}, 2), 1e-4f);
 }
@@ -196,18 +105,18 @@ TEST(Conv2d, LargerChannelsMatchDirectConvolution) {
   // Enough channels and pixels for the blocked, threaded GEMM path; also a pointwise (1x1) convolution.
   const Tensor x = pattern({1, 33, 17, 15});
   const Tensor w3 = pattern({65, 33, 3, 3}, 2.0f);
-  const Tensor out3 = run1("aten.conv2d.default", make_attrs({{"padding", Ints{1, 1}}}), {x, w3});
+  const Tensor out3 = run_op("aten.conv2d.default", {x, w3}, make_attrs({{"padding", Ints{1, 1}}})).out();
   ASSERT_EQ(out3.shape(), (Shape{1, 65, 17, 15}));
   expect_values(out3, naive_conv2d(x, w3, nullptr, {1, 1}, {1, 1}, {1, 1}, 1), 1e-4f);
   const Tensor w1 = pattern({7, 33, 1, 1}, 3.0f);
   const Tensor x2 = pattern({2, 33, 5, 7}, 4.0f);
-  const Tensor out1 = run1("aten.conv2d.default", make_attrs(), {x2, w1});
+  const Tensor out1 = run_op("aten.conv2d.default", {x2, w1}).out();
   expect_values(out1, naive_conv2d(x2, w1, nullptr, {1, 1}, {0, 0}, {1, 1}, 1), 1e-4f);
 }
 
 TEST(Conv2d, UnbatchedInput) {
   const Tensor out =
-      run1("aten.conv2d.default", make_attrs(), {iota({1, 4, 4}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))});
+      run_op("aten.conv2d.default", {iota({1, 4, 4}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))}).out();
   ASSERT_EQ(out.shape(), (Shape{1, 2, 2}));
   expect_values(out, {45, 54, 81, 90});
 }
@@ -216,25 +125,28 @@ TEST(Conv2d, StringPadding) {
   // padding="same" with an even kernel pads the extra element at the end: out[i] = x[i] + 10 * x[i + 1].
   const Tensor x = floats({1, 1, 4}, {1, 2, 3, 4});
   const Tensor w = floats({1, 1, 2}, {1, 10});
-  expect_values(run1("aten.conv1d.padding", make_attrs({{"padding", std::string("same")}}), {x, w}), {21, 32, 43, 4});
-  const Tensor valid = run1("aten.conv1d.padding", make_attrs({{"padding", std::string("valid")}}), {x, w});
+  expect_values(run_op("aten.conv1d.padding", {x, w}, make_attrs({{"padding", std::string("same")}})).out(),
+                {21, 32, 43, 4});
+  const Tensor valid = run_op("aten.conv1d.padding", {x, w}, make_attrs({{"padding", std::string("valid")}})).out();
   ASSERT_EQ(valid.shape(), (Shape{1, 1, 3}));
   expect_values(valid, {21, 32, 43});
-  const Tensor same2d = run1("aten.conv2d.padding", make_attrs({{"padding", std::string("same")}}),
-                             {iota({1, 1, 3, 3}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))});
+  const Tensor same2d =
+      run_op("aten.conv2d.padding", {iota({1, 1, 3, 3}), floats({1, 1, 3, 3}, std::vector<float>(9, 1.0f))},
+             make_attrs({{"padding", std::string("same")}}))
+          .out();
   expect_values(same2d, {8, 15, 12, 21, 36, 27, 20, 33, 24});
-  EXPECT_THROW(infer("aten.conv1d.padding", make_attrs({{"padding", std::string("same")}, {"stride", Ints{2}}}),
-                     {f32({1, 1, 4}), f32({1, 1, 2})}),
+  EXPECT_THROW(infer_op("aten.conv1d.padding", {meta({1, 1, 4}), meta({1, 1, 2})},
+                        make_attrs({{"padding", std::string("same")}, {"stride", Ints{2}}})),
                Error);
-  EXPECT_THROW(
-      infer("aten.conv1d.padding", make_attrs({{"padding", std::string("full")}}), {f32({1, 1, 4}), f32({1, 1, 2})}),
-      Error);
+  EXPECT_THROW(infer_op("aten.conv1d.padding", {meta({1, 1, 4}), meta({1, 1, 2})},
+                        make_attrs({{"padding", std::string("full")}})),
+               Error);
 }
 
 TEST(Conv1d, StrideAndUnbatched) {
   const Tensor x = floats({2, 5}, {1, 2, 3, 4, 5, 10, 20, 30, 40, 50});  // [C, L]
   const Tensor w = floats({1, 2, 3}, {1, 0, -1, 1, 1, 1});
-  const Tensor out = run1("aten.conv1d.default", make_attrs({{"stride", Ints{2}}}), {x, w});
+  const Tensor out = run_op("aten.conv1d.default", {x, w}, make_attrs({{"stride", Ints{2}}})).out();
   ASSERT_EQ(out.shape(), (Shape{1, 2}));
   expect_values(out, {-2 + 60, -2 + 120});
 }
@@ -247,47 +159,49 @@ TEST(Convolution, GenericOpDispatchesOnWeightRank) {
                                   {"transposed", false},
                                   {"output_padding", Ints{0, 0}},
                                   {"groups", int64_t{1}}});
-  expect_values(run1("aten.convolution.default", attrs, {iota({1, 1, 4, 4}), ones}), {45, 54, 81, 90});
+  expect_values(run_op("aten.convolution.default", {iota({1, 1, 4, 4}), ones}, attrs).out(), {45, 54, 81, 90});
   const Tensor out1d =
-      run1("aten.convolution.default", make_attrs(), {floats({1, 1, 4}, {1, 2, 3, 4}), floats({1, 1, 2}, {1, 10})});
+      run_op("aten.convolution.default", {floats({1, 1, 4}, {1, 2, 3, 4}), floats({1, 1, 2}, {1, 10})}).out();
   expect_values(out1d, {21, 32, 43});
-  EXPECT_THROW(
-      infer("aten.convolution.default", make_attrs({{"transposed", true}}), {f32({1, 1, 4, 4}), f32({1, 1, 3, 3})}),
-      Error);
+  EXPECT_THROW(infer_op("aten.convolution.default", {meta({1, 1, 4, 4}), meta({1, 1, 3, 3})},
+                        make_attrs({{"transposed", true}})),
+               Error);
 }
 
 TEST(Conv2d, EmptyBatchAndChannels) {
-  const Tensor no_batch = run1("aten.conv2d.default", make_attrs(), {pattern({0, 2, 4, 4}), pattern({3, 2, 3, 3})});
+  const Tensor no_batch = run_op("aten.conv2d.default", {pattern({0, 2, 4, 4}), pattern({3, 2, 3, 3})}).out();
   EXPECT_EQ(no_batch.shape(), (Shape{0, 3, 2, 2}));
   // No input channels: every output is the bias.
-  const Tensor no_channels = run1("aten.conv2d.default", make_attrs({{"padding", Ints{1, 1}}}),
-                                  {pattern({1, 0, 2, 2}), pattern({2, 0, 3, 3}), floats({2}, {1.5f, -2.0f})});
+  const Tensor no_channels =
+      run_op("aten.conv2d.default", {pattern({1, 0, 2, 2}), pattern({2, 0, 3, 3}), floats({2}, {1.5f, -2.0f})},
+             make_attrs({{"padding", Ints{1, 1}}}))
+          .out();
   ASSERT_EQ(no_channels.shape(), (Shape{1, 2, 2, 2}));
   expect_values(no_channels, {1.5f, 1.5f, 1.5f, 1.5f, -2, -2, -2, -2});
 }
 
 TEST(Conv2d, RejectsBadAttributesAndShapes) {
   const auto conv = [](Attrs attrs, std::vector<TensorMeta> inputs) {
-    return infer("aten.conv2d.default", std::move(attrs), inputs);
+    return infer_op("aten.conv2d.default", inputs, std::move(attrs));
   };
-  const TensorMeta x = f32({1, 4, 5, 5});
-  const TensorMeta w = f32({6, 4, 3, 3});
+  const TensorMeta x = meta({1, 4, 5, 5});
+  const TensorMeta w = meta({6, 4, 3, 3});
   EXPECT_NO_THROW(conv(make_attrs(), {x, w}));
   EXPECT_THROW(conv(make_attrs({{"stride", Ints{0, 1}}}), {x, w}), Error);
   EXPECT_THROW(conv(make_attrs({{"stride", Ints{-1, 1}}}), {x, w}), Error);
   EXPECT_THROW(conv(make_attrs({{"padding", Ints{-1, 0}}}), {x, w}), Error);
   EXPECT_THROW(conv(make_attrs({{"dilation", Ints{0, 1}}}), {x, w}), Error);
   EXPECT_THROW(conv(make_attrs({{"stride", Ints{1, 1, 1}}}), {x, w}), Error);
-  EXPECT_THROW(conv(make_attrs(), {x, f32({6, 4, 7, 3})}), Error);                          // kernel taller than input
-  EXPECT_NO_THROW(conv(make_attrs({{"padding", Ints{1, 0}}}), {x, f32({6, 4, 7, 3})}));     // fits once padded
-  EXPECT_THROW(conv(make_attrs({{"dilation", Ints{3, 1}}}), {x, w}), Error);                // dilated extent 7 > 5
-  EXPECT_THROW(conv(make_attrs(), {x, f32({6, 3, 3, 3})}), Error);                          // channel mismatch
-  EXPECT_THROW(conv(make_attrs({{"groups", int64_t{3}}}), {x, f32({6, 1, 3, 3})}), Error);  // 4 % 3
-  EXPECT_THROW(conv(make_attrs({{"groups", int64_t{4}}}), {x, f32({6, 1, 3, 3})}), Error);  // 6 outputs % 4
+  EXPECT_THROW(conv(make_attrs(), {x, meta({6, 4, 7, 3})}), Error);                          // kernel taller than input
+  EXPECT_NO_THROW(conv(make_attrs({{"padding", Ints{1, 0}}}), {x, meta({6, 4, 7, 3})}));     // fits once padded
+  EXPECT_THROW(conv(make_attrs({{"dilation", Ints{3, 1}}}), {x, w}), Error);                 // dilated extent 7 > 5
+  EXPECT_THROW(conv(make_attrs(), {x, meta({6, 3, 3, 3})}), Error);                          // channel mismatch
+  EXPECT_THROW(conv(make_attrs({{"groups", int64_t{3}}}), {x, meta({6, 1, 3, 3})}), Error);  // 4 % 3
+  EXPECT_THROW(conv(make_attrs({{"groups", int64_t{4}}}), {x, meta({6, 1, 3, 3})}), Error);  // 6 outputs % 4
   EXPECT_THROW(conv(make_attrs({{"groups", int64_t{0}}}), {x, w}), Error);
-  EXPECT_THROW(conv(make_attrs(), {x, w, f32({5})}), Error);     // bias size
-  EXPECT_THROW(conv(make_attrs(), {f32({4, 5}), w}), Error);     // input rank
-  EXPECT_THROW(conv(make_attrs(), {x, f32({6, 4, 3})}), Error);  // weight rank
+  EXPECT_THROW(conv(make_attrs(), {x, w, meta({5})}), Error);     // bias size
+  EXPECT_THROW(conv(make_attrs(), {meta({4, 5}), w}), Error);     // input rank
+  EXPECT_THROW(conv(make_attrs(), {x, meta({6, 4, 3})}), Error);  // weight rank
   EXPECT_THROW(conv(make_attrs(), {{{1, 4, 5, 5}, DType::Int64}, w}), Error);
 }
 
@@ -298,8 +212,10 @@ TEST(BatchNorm, InferenceWithRunningStats) {
   const Tensor x = floats({2, 2, 1, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
   const std::vector<float> weight = {2, 0.5}, bias = {1, -1}, mean = {1.5, 3}, var = {0.25, 4};
   const double eps = 1e-3;
-  const Tensor out = run1("aten.batch_norm.default", make_attrs({{"eps", eps}}),
-                          {x, floats({2}, weight), floats({2}, bias), floats({2}, mean), floats({2}, var)});
+  const Tensor out = run_op("aten.batch_norm.default",
+                            {x, floats({2}, weight), floats({2}, bias), floats({2}, mean), floats({2}, var)},
+                            make_attrs({{"eps", eps}}))
+                         .out();
   std::vector<float> expected;
   for (int64_t i = 0; i < 8; ++i) {
     const int64_t c = (i / 2) % 2;
@@ -314,17 +230,19 @@ TEST(BatchNorm, OptionalAffineAndDefaults) {
   const Tensor mean = floats({2}, {1, 2}), var = floats({2}, {4, 1});
   const double eps = 1e-5;  // the default
   const auto normalized = [&](float v, float m, float s) { return static_cast<float>((v - m) / std::sqrt(s + eps)); };
-  expect_values(run1("aten.batch_norm.default", make_attrs(), {x, mean, var}),
+  expect_values(run_op("aten.batch_norm.default", {x, mean, var}).out(),
                 {normalized(1, 1, 4), normalized(2, 1, 4), normalized(3, 2, 1), normalized(4, 2, 1)});
   // Four inputs: weight without bias.
-  expect_values(run1("aten.batch_norm.default", make_attrs(), {x, floats({2}, {3, -1}), mean, var}),
+  expect_values(run_op("aten.batch_norm.default", {x, floats({2}, {3, -1}), mean, var}).out(),
                 {3 * normalized(1, 1, 4), 3 * normalized(2, 1, 4), -normalized(3, 2, 1), -normalized(4, 2, 1)});
 }
 
 TEST(BatchNorm, NativeNoTrainingHasEmptyStats) {
   const auto outputs =
-      run("aten._native_batch_norm_legit_no_training.default", make_attrs({{"eps", 0.0}}),
-          {floats({1, 1, 2}, {2, 4}), floats({1}, {2}), floats({1}, {1}), floats({1}, {3}), floats({1}, {4})});
+      run_op("aten._native_batch_norm_legit_no_training.default",
+             {floats({1, 1, 2}, {2, 4}), floats({1}, {2}), floats({1}, {1}), floats({1}, {3}), floats({1}, {4})},
+             make_attrs({{"eps", 0.0}}))
+          .outputs;
   ASSERT_EQ(outputs.size(), 3u);
   expect_values(outputs[0], {0, 2});  // (x - 3) / 2 * 2 + 1
   EXPECT_EQ(outputs[1].shape(), Shape{0});
@@ -332,10 +250,10 @@ TEST(BatchNorm, NativeNoTrainingHasEmptyStats) {
 }
 
 TEST(BatchNorm, RejectsBadInputs) {
-  const TensorMeta x = f32({1, 3, 2, 2});
-  EXPECT_THROW(infer("aten.batch_norm.default", make_attrs(), {x, f32({2}), f32({3})}), Error);
-  EXPECT_THROW(infer("aten.batch_norm.default", make_attrs(), {f32({3}), f32({3}), f32({3})}), Error);
-  EXPECT_THROW(infer("aten.batch_norm.default", make_attrs({{"training", true}}), {x, f32({3}), f32({3})}), Error);
+  const TensorMeta x = meta({1, 3, 2, 2});
+  EXPECT_THROW(infer_op("aten.batch_norm.default", {x, meta({2}), meta({3})}), Error);
+  EXPECT_THROW(infer_op("aten.batch_norm.default", {meta({3}), meta({3}), meta({3})}), Error);
+  EXPECT_THROW(infer_op("aten.batch_norm.default", {x, meta({3}), meta({3})}, make_attrs({{"training", true}})), Error);
 }
 
 TEST(LayerNorm, LastDimWithAffine) {
@@ -346,16 +264,16 @@ TEST(LayerNorm, LastDimWithAffine) {
   const std::vector<float> plain = {static_cast<float>(-r1), 0,
                                     static_cast<float>(r1),  static_cast<float>(-3 * r2),
                                     static_cast<float>(-r2), static_cast<float>(4 * r2)};
-  expect_values(run1("aten.layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {x}), plain);
+  expect_values(run_op("aten.layer_norm.default", {x}, make_attrs({{"normalized_shape", Ints{3}}})).out(), plain);
   const Tensor weight = floats({3}, {1, 2, 3}), bias = floats({3}, {0, 1, -1});
   std::vector<float> affine;
   for (size_t i = 0; i < plain.size(); ++i)
     affine.push_back(plain[i] * weight.data<float>()[i % 3] + bias.data<float>()[i % 3]);
-  expect_values(run1("aten.layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {x, weight, bias}),
+  expect_values(run_op("aten.layer_norm.default", {x, weight, bias}, make_attrs({{"normalized_shape", Ints{3}}})).out(),
                 affine);
 
   const auto native =
-      run("aten.native_layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {x, weight, bias});
+      run_op("aten.native_layer_norm.default", {x, weight, bias}, make_attrs({{"normalized_shape", Ints{3}}})).outputs;
   expect_values(native[0], affine);
   EXPECT_EQ(native[1].shape(), (Shape{2, 1}));
   expect_values(native[1], {2, 5});
@@ -365,11 +283,12 @@ TEST(LayerNorm, LastDimWithAffine) {
 TEST(LayerNorm, SeveralNormalizedDims) {
   const Tensor x = floats({1, 2, 2}, {1, 3, 5, 7});  // mean 4, variance 5
   const double r = 1.0 / std::sqrt(5.0 + 1e-5);
-  expect_values(run1("aten.layer_norm.default", make_attrs({{"normalized_shape", Ints{2, 2}}}), {x}),
+  expect_values(run_op("aten.layer_norm.default", {x}, make_attrs({{"normalized_shape", Ints{2, 2}}})).out(),
                 {static_cast<float>(-3 * r), static_cast<float>(-r), static_cast<float>(r), static_cast<float>(3 * r)});
-  EXPECT_THROW(infer("aten.layer_norm.default", make_attrs({{"normalized_shape", Ints{3}}}), {f32({2, 2})}), Error);
-  EXPECT_THROW(infer("aten.layer_norm.default", make_attrs({{"normalized_shape", Ints{2}}}), {f32({2, 2}), f32({3})}),
-               Error);
+  EXPECT_THROW(infer_op("aten.layer_norm.default", {meta({2, 2})}, make_attrs({{"normalized_shape", Ints{3}}})), Error);
+  EXPECT_THROW(
+      infer_op("aten.layer_norm.default", {meta({2, 2}), meta({3})}, make_attrs({{"normalized_shape", Ints{2}}})),
+      Error);
 }
 
 TEST(GroupNorm, StatisticsPerGroup) {
@@ -379,9 +298,10 @@ TEST(GroupNorm, StatisticsPerGroup) {
   const double r1 = 1.0 / std::sqrt(1.25 + eps), r2 = 1.0 / std::sqrt(25.0 + eps);  // means 2.5 and 15
   const Tensor weight = floats({4}, {1, 2, 3, 4}), bias = floats({4}, {0, 0, 1, 1});
   const auto outputs =
-      run("aten.native_group_norm.default",
-          make_attrs({{"N", int64_t{1}}, {"C", int64_t{4}}, {"HxW", int64_t{2}}, {"group", int64_t{2}}, {"eps", eps}}),
-          {x, weight, bias});
+      run_op(
+          "aten.native_group_norm.default", {x, weight, bias},
+          make_attrs({{"N", int64_t{1}}, {"C", int64_t{4}}, {"HxW", int64_t{2}}, {"group", int64_t{2}}, {"eps", eps}}))
+          .outputs;
   const std::vector<float> expected = {static_cast<float>(-1.5 * r1),       static_cast<float>(-0.5 * r1),
                                        static_cast<float>(2 * 0.5 * r1),    static_cast<float>(2 * 1.5 * r1),
                                        static_cast<float>(3 * -5 * r2 + 1), static_cast<float>(3 * -5 * r2 + 1),
@@ -390,11 +310,13 @@ TEST(GroupNorm, StatisticsPerGroup) {
   EXPECT_EQ(outputs[1].shape(), (Shape{1, 2}));
   expect_values(outputs[1], {2.5, 15});
   expect_values(outputs[2], {static_cast<float>(r1), static_cast<float>(r2)});
-  expect_values(run1("aten.group_norm.default", make_attrs({{"num_groups", int64_t{2}}}), {x, weight, bias}), expected);
-  EXPECT_THROW(infer("aten.group_norm.default", make_attrs({{"num_groups", int64_t{3}}}), {f32({1, 4, 2})}), Error);
-  EXPECT_THROW(infer("aten.group_norm.default", make_attrs({{"num_groups", int64_t{0}}}), {f32({1, 4, 2})}), Error);
-  EXPECT_THROW(infer("aten.group_norm.default", make_attrs({{"num_groups", int64_t{2}}}), {f32({1, 4, 2}), f32({2})}),
-               Error);
+  expect_values(run_op("aten.group_norm.default", {x, weight, bias}, make_attrs({{"num_groups", int64_t{2}}})).out(),
+                expected);
+  EXPECT_THROW(infer_op("aten.group_norm.default", {meta({1, 4, 2})}, make_attrs({{"num_groups", int64_t{3}}})), Error);
+  EXPECT_THROW(infer_op("aten.group_norm.default", {meta({1, 4, 2})}, make_attrs({{"num_groups", int64_t{0}}})), Error);
+  EXPECT_THROW(
+      infer_op("aten.group_norm.default", {meta({1, 4, 2}), meta({2})}, make_attrs({{"num_groups", int64_t{2}}})),
+      Error);
 }
 
 TEST(RmsNorm, DefaultEpsilonAndWeight) {
@@ -402,19 +324,21 @@ TEST(RmsNorm, DefaultEpsilonAndWeight) {
   const double eps = std::numeric_limits<float>::epsilon();
   const double r1 = 1.0 / std::sqrt(12.5 + eps), r2 = 1.0 / std::sqrt(1.0 + eps);
   expect_values(
-      run1("aten.rms_norm.default", make_attrs({{"normalized_shape", Ints{2}}}), {x}),
+      run_op("aten.rms_norm.default", {x}, make_attrs({{"normalized_shape", Ints{2}}})).out(),
       {static_cast<float>(3 * r1), static_cast<float>(4 * r1), static_cast<float>(r2), static_cast<float>(-r2)});
   const Tensor weight = floats({2}, {2, 0.5});
-  expect_values(run1("aten.rms_norm.default", make_attrs({{"normalized_shape", Ints{2}}, {"eps", 0.5}}), {x, weight}),
-                {static_cast<float>(6 / std::sqrt(13.0)), static_cast<float>(2 / std::sqrt(13.0)),
-                 static_cast<float>(2 / std::sqrt(1.5)), static_cast<float>(-0.5 / std::sqrt(1.5))});
+  expect_values(
+      run_op("aten.rms_norm.default", {x, weight}, make_attrs({{"normalized_shape", Ints{2}}, {"eps", 0.5}})).out(),
+      {static_cast<float>(6 / std::sqrt(13.0)), static_cast<float>(2 / std::sqrt(13.0)),
+       static_cast<float>(2 / std::sqrt(1.5)), static_cast<float>(-0.5 / std::sqrt(1.5))});
 }
 
 // ====================================================================================================================
 // Pooling
 
 TEST(MaxPool2d, KernelDefaultsStride) {
-  const Tensor out = run1("aten.max_pool2d.default", make_attrs({{"kernel_size", Ints{2, 2}}}), {iota({1, 1, 4, 4})});
+  const Tensor out =
+      run_op("aten.max_pool2d.default", {iota({1, 1, 4, 4})}, make_attrs({{"kernel_size", Ints{2, 2}}})).out();
   ASSERT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
   expect_values(out, {5, 7, 13, 15});
 }
@@ -423,113 +347,119 @@ TEST(MaxPool2d, PaddingIsNeverTheMaximum) {
   // All values negative: padding must act as -inf, not 0.
   Tensor x = iota({1, 1, 4, 4});
   for (int64_t i = 0; i < 16; ++i) x.mutable_data<float>()[i] -= 100.0f;
-  const Tensor out =
-      run1("aten.max_pool2d.default",
-           make_attrs({{"kernel_size", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}), {x});
+  const Tensor out = run_op("aten.max_pool2d.default", {x},
+                            make_attrs({{"kernel_size", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}}))
+                         .out();
   ASSERT_EQ(out.shape(), (Shape{1, 1, 2, 2}));
   expect_values(out, {-95, -93, -87, -85});
 }
 
 TEST(MaxPool2d, CeilModeWithIndices) {
-  const auto outputs =
-      run("aten.max_pool2d_with_indices.default",
-          make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2}}, {"ceil_mode", true}}), {iota({1, 5, 5})});
+  const auto outputs = run_op("aten.max_pool2d_with_indices.default", {iota({1, 5, 5})},
+                              make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2}}, {"ceil_mode", true}}))
+                           .outputs;
   ASSERT_EQ(outputs[0].shape(), (Shape{1, 3, 3}));
   expect_values(outputs[0], {6, 8, 9, 16, 18, 19, 21, 23, 24});
   EXPECT_EQ(outputs[1].dtype(), DType::Int64);
   expect_values(outputs[1], {6, 8, 9, 16, 18, 19, 21, 23, 24});
   // Without ceil_mode the partial windows are dropped.
-  const Tensor floor = run1("aten.max_pool2d.default", make_attrs({{"kernel_size", Ints{2}}}), {iota({1, 5, 5})});
+  const Tensor floor =
+      run_op("aten.max_pool2d.default", {iota({1, 5, 5})}, make_attrs({{"kernel_size", Ints{2}}})).out();
   expect_values(floor, {6, 8, 16, 18});
 }
 
 TEST(MaxPool2d, CeilModeDropsWindowStartingInPadding) {
   // in 4, kernel 2, stride 2, pad 1: ceil gives 3 windows starting at -1, 1, 3; all start inside input + pad.
   const Tensor out =
-      run1("aten.max_pool2d.default",
-           make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2}}, {"padding", Ints{1}}, {"ceil_mode", true}}),
-           {iota({1, 1, 1, 4})});
+      run_op("aten.max_pool2d.default", {iota({1, 1, 1, 4})},
+             make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2}}, {"padding", Ints{1}}, {"ceil_mode", true}}))
+          .out();
   ASSERT_EQ(out.shape(), (Shape{1, 1, 1, 3}));
   expect_values(out, {0, 2, 3});
   // in 5, kernel 2, stride 2, pad 1: a 4th window would start at 5, inside the right padding, so ceil gives 3.
-  const auto metas = infer(
-      "aten.max_pool2d.default",
-      make_attrs({{"kernel_size", Ints{1, 2}}, {"stride", Ints{1, 2}}, {"padding", Ints{0, 1}}, {"ceil_mode", true}}),
-      {f32({1, 1, 1, 5})});
+  const auto metas = infer_op(
+      "aten.max_pool2d.default", {meta({1, 1, 1, 5})},
+      make_attrs({{"kernel_size", Ints{1, 2}}, {"stride", Ints{1, 2}}, {"padding", Ints{0, 1}}, {"ceil_mode", true}}));
   EXPECT_EQ(metas[0].shape, (Shape{1, 1, 1, 3}));
 }
 
 TEST(MaxPool2d, DilationAndNaN) {
-  const Tensor out = run1("aten.max_pool2d.default",
-                          make_attrs({{"kernel_size", Ints{2, 2}}, {"stride", Ints{1, 1}}, {"dilation", Ints{2, 2}}}),
-                          {iota({1, 1, 4, 4})});
+  const Tensor out = run_op("aten.max_pool2d.default", {iota({1, 1, 4, 4})},
+                            make_attrs({{"kernel_size", Ints{2, 2}}, {"stride", Ints{1, 1}}, {"dilation", Ints{2, 2}}}))
+                         .out();
   expect_values(out, {10, 11, 14, 15});
   Tensor x = iota({1, 1, 2, 2});
   x.mutable_data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
-  const Tensor nan = run1("aten.max_pool2d.default", make_attrs({{"kernel_size", Ints{2, 2}}}), {x});
+  const Tensor nan = run_op("aten.max_pool2d.default", {x}, make_attrs({{"kernel_size", Ints{2, 2}}})).out();
   EXPECT_TRUE(std::isnan(nan.data<float>()[0]));
 }
 
 TEST(MaxPool2d, RejectsBadAttributes) {
-  const auto pool = [](Attrs attrs) { return infer("aten.max_pool2d.default", std::move(attrs), {f32({1, 1, 4, 4})}); };
+  const auto pool = [](Attrs attrs) {
+    return infer_op("aten.max_pool2d.default", {meta({1, 1, 4, 4})}, std::move(attrs));
+  };
   EXPECT_THROW(pool(make_attrs({{"kernel_size", Ints{2, 2}}, {"padding", Ints{2, 2}}})), Error);  // pad > kernel / 2
   EXPECT_THROW(pool(make_attrs({{"kernel_size", Ints{2, 2}}, {"stride", Ints{0, 1}}})), Error);
   EXPECT_THROW(pool(make_attrs({{"kernel_size", Ints{0, 2}}})), Error);
   EXPECT_THROW(pool(make_attrs({{"kernel_size", Ints{5, 5}}})), Error);  // output would be empty
   EXPECT_THROW(pool(make_attrs({{"kernel_size", Ints{2, 2, 2}}})), Error);
   EXPECT_THROW(pool(make_attrs({{"kernel_size", Ints{2, 2}}, {"dilation", Ints{0, 1}}})), Error);
-  EXPECT_THROW(infer("aten.max_pool2d.default", make_attrs({{"kernel_size", Ints{2}}}), {f32({4, 4})}), Error);
-  EXPECT_THROW(infer("aten.max_pool2d.default", make_attrs({{"kernel_size", Ints{2}}}), {f32({1, 1, 0, 4})}), Error);
-  EXPECT_THROW(infer("aten.max_pool2d.default", make_attrs(), {f32({1, 1, 4, 4})}), Error);  // kernel_size missing
+  EXPECT_THROW(infer_op("aten.max_pool2d.default", {meta({4, 4})}, make_attrs({{"kernel_size", Ints{2}}})), Error);
+  EXPECT_THROW(infer_op("aten.max_pool2d.default", {meta({1, 1, 0, 4})}, make_attrs({{"kernel_size", Ints{2}}})),
+               Error);
+  EXPECT_THROW(infer_op("aten.max_pool2d.default", {meta({1, 1, 4, 4})}), Error);  // kernel_size missing
 }
 
 TEST(AvgPool2d, PaddingDivisorsAndCeilMode) {
   const Tensor x = iota({1, 1, 4, 4});
-  expect_values(run1("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{2, 2}}}), {x}),
+  expect_values(run_op("aten.avg_pool2d.default", {x}, make_attrs({{"kernel_size", Ints{2, 2}}})).out(),
                 {2.5, 4.5, 10.5, 12.5});
   const Attrs padded = make_attrs({{"kernel_size", Ints{3, 3}}, {"stride", Ints{2, 2}}, {"padding", Ints{1, 1}}});
   // Windows: rows/cols {-1..1} and {1..3}; sums 10, 24, 51, 90 over 4, 6, 6, 9 real elements.
-  expect_values(run1("aten.avg_pool2d.default", padded, {x}), {10.0f / 9, 24.0f / 9, 51.0f / 9, 90.0f / 9});
+  expect_values(run_op("aten.avg_pool2d.default", {x}, padded).out(), {10.0f / 9, 24.0f / 9, 51.0f / 9, 90.0f / 9});
   Attrs exclude = padded;
   exclude.set("count_include_pad", false);
-  expect_values(run1("aten.avg_pool2d.default", exclude, {x}), {10.0f / 4, 24.0f / 6, 51.0f / 6, 90.0f / 9});
+  expect_values(run_op("aten.avg_pool2d.default", {x}, exclude).out(), {10.0f / 4, 24.0f / 6, 51.0f / 6, 90.0f / 9});
   Attrs divisor = padded;
   divisor.set("divisor_override", int64_t{2});
-  expect_values(run1("aten.avg_pool2d.default", divisor, {x}), {5, 12, 25.5, 45});
+  expect_values(run_op("aten.avg_pool2d.default", {x}, divisor).out(), {5, 12, 25.5, 45});
   // ceil_mode: the last window of a 5-wide input covers one column; its divisor counts that column only.
   const Tensor ceil =
-      run1("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{2}}, {"ceil_mode", true}}), {iota({1, 5, 5})});
+      run_op("aten.avg_pool2d.default", {iota({1, 5, 5})}, make_attrs({{"kernel_size", Ints{2}}, {"ceil_mode", true}}))
+          .out();
   ASSERT_EQ(ceil.shape(), (Shape{1, 3, 3}));
   expect_values(ceil, {3, 5, 6.5, 13, 15, 16.5, 20.5, 22.5, 24});
-  EXPECT_THROW(infer("aten.avg_pool2d.default",
-                     make_attrs({{"kernel_size", Ints{2}}, {"divisor_override", int64_t{0}}}), {f32({1, 1, 4, 4})}),
+  EXPECT_THROW(infer_op("aten.avg_pool2d.default", {meta({1, 1, 4, 4})},
+                        make_attrs({{"kernel_size", Ints{2}}, {"divisor_override", int64_t{0}}})),
                Error);
-  EXPECT_THROW(infer("aten.avg_pool2d.default", make_attrs({{"kernel_size", Ints{3}}, {"padding", Ints{2}}}),
-                     {f32({1, 1, 4, 4})}),
+  EXPECT_THROW(infer_op("aten.avg_pool2d.default", {meta({1, 1, 4, 4})},
+                        make_attrs({{"kernel_size", Ints{3}}, {"padding", Ints{2}}})),
                Error);
 }
 
 TEST(AdaptiveAvgPool, OverlappingWindows) {
   const Tensor x = iota({1, 1, 5, 5});
   // Windows [0, 3) and [2, 5) in both dims.
-  expect_values(run1("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{2, 2}}}), {x}),
+  expect_values(run_op("aten.adaptive_avg_pool2d.default", {x}, make_attrs({{"output_size", Ints{2, 2}}})).out(),
                 {6, 8, 16, 18});
-  const Tensor global = run1("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{1, 1}}}), {x});
+  const Tensor global =
+      run_op("aten.adaptive_avg_pool2d.default", {x}, make_attrs({{"output_size", Ints{1, 1}}})).out();
   ASSERT_EQ(global.shape(), (Shape{1, 1, 1, 1}));
   expect_values(global, {12});
   const Tensor larger =
-      run1("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{3}}}), {iota({1, 2, 2})});
+      run_op("aten.adaptive_avg_pool2d.default", {iota({1, 2, 2})}, make_attrs({{"output_size", Ints{3}}})).out();
   ASSERT_EQ(larger.shape(), (Shape{1, 3, 3}));
   expect_values(larger, {0, 0.5, 1, 1, 1.5, 2, 2, 2.5, 3});
   // 1-D: windows [0, 2), [1, 4), [3, 5).
   const Tensor one_d =
-      run1("aten.adaptive_avg_pool1d.default", make_attrs({{"output_size", Ints{3}}}), {iota({1, 2, 5})});
+      run_op("aten.adaptive_avg_pool1d.default", {iota({1, 2, 5})}, make_attrs({{"output_size", Ints{3}}})).out();
   ASSERT_EQ(one_d.shape(), (Shape{1, 2, 3}));
   expect_values(one_d, {0.5, 2, 3.5, 5.5, 7, 8.5});
-  EXPECT_THROW(infer("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{2, 2}}}), {f32({5, 5})}),
+  EXPECT_THROW(infer_op("aten.adaptive_avg_pool2d.default", {meta({5, 5})}, make_attrs({{"output_size", Ints{2, 2}}})),
                Error);
-  EXPECT_THROW(infer("aten.adaptive_avg_pool2d.default", make_attrs({{"output_size", Ints{-1, 2}}}), {f32({1, 5, 5})}),
-               Error);
+  EXPECT_THROW(
+      infer_op("aten.adaptive_avg_pool2d.default", {meta({1, 5, 5})}, make_attrs({{"output_size", Ints{-1, 2}}})),
+      Error);
 }
 
 // ====================================================================================================================
@@ -537,26 +467,26 @@ TEST(AdaptiveAvgPool, OverlappingWindows) {
 
 TEST(Embedding, GathersRowsForAnyIndexShape) {
   const Tensor weight = floats({4, 2}, {0, 1, 10, 11, 20, 21, 30, 31});
-  const Tensor out = run1("aten.embedding.default", make_attrs(), {weight, ints({2, 2}, {0, 3, 2, 2})});
+  const Tensor out = run_op("aten.embedding.default", {weight, ints({2, 2}, {0, 3, 2, 2})}).out();
   ASSERT_EQ(out.shape(), (Shape{2, 2, 2}));
   expect_values(out, {0, 1, 30, 31, 20, 21, 20, 21});
   const Tensor scalar =
-      run1("aten.embedding.default", make_attrs({{"padding_idx", int64_t{1}}}), {weight, ints({}, {1})});
+      run_op("aten.embedding.default", {weight, ints({}, {1})}, make_attrs({{"padding_idx", int64_t{1}}})).out();
   ASSERT_EQ(scalar.shape(), Shape{2});
   expect_values(scalar, {10, 11});
   Tensor int32_indices(DType::Int32, {1});
   int32_indices.mutable_data<int32_t>()[0] = 2;
-  expect_values(run1("aten.embedding.default", make_attrs(), {weight, int32_indices}), {20, 21});
-  const Tensor empty = run1("aten.embedding.default", make_attrs(), {weight, ints({0}, {})});
+  expect_values(run_op("aten.embedding.default", {weight, int32_indices}).out(), {20, 21});
+  const Tensor empty = run_op("aten.embedding.default", {weight, ints({0}, {})}).out();
   EXPECT_EQ(empty.shape(), (Shape{0, 2}));
 }
 
 TEST(Embedding, RejectsBadIndices) {
   const Tensor weight = floats({4, 2}, {0, 1, 10, 11, 20, 21, 30, 31});
-  EXPECT_THROW(run1("aten.embedding.default", make_attrs(), {weight, ints({2}, {1, 4})}), Error);
-  EXPECT_THROW(run1("aten.embedding.default", make_attrs(), {weight, ints({1}, {-1})}), Error);
-  EXPECT_THROW(infer("aten.embedding.default", make_attrs(), {f32({4, 2}), f32({3})}), Error);
-  EXPECT_THROW(infer("aten.embedding.default", make_attrs(), {f32({8}), {{3}, DType::Int64}}), Error);
+  EXPECT_THROW(run_op("aten.embedding.default", {weight, ints({2}, {1, 4})}).out(), Error);
+  EXPECT_THROW(run_op("aten.embedding.default", {weight, ints({1}, {-1})}).out(), Error);
+  EXPECT_THROW(infer_op("aten.embedding.default", {meta({4, 2}), meta({3})}), Error);
+  EXPECT_THROW(infer_op("aten.embedding.default", {meta({8}), {{3}, DType::Int64}}), Error);
 }
 
 // ====================================================================================================================
@@ -606,17 +536,18 @@ std::vector<float> naive_attention(const AttentionCase& c) {
 
 TEST(Attention, PlainAndScaled) {
   AttentionCase c{pattern({1, 2, 3, 4}), pattern({1, 2, 5, 4}, 1.0f), pattern({1, 2, 5, 3}, 2.0f)};
-  const Tensor out = run1("aten.scaled_dot_product_attention.default", make_attrs(), {c.q, c.k, c.v});
+  const Tensor out = run_op("aten.scaled_dot_product_attention.default", {c.q, c.k, c.v}).out();
   ASSERT_EQ(out.shape(), (Shape{1, 2, 3, 3}));
   expect_values(out, naive_attention(c));
   c.scale = 2.5;
-  expect_values(run1("aten.scaled_dot_product_attention.default", make_attrs({{"scale", 2.5}}), {c.q, c.k, c.v}),
-                naive_attention(c));
+  expect_values(
+      run_op("aten.scaled_dot_product_attention.default", {c.q, c.k, c.v}, make_attrs({{"scale", 2.5}})).out(),
+      naive_attention(c));
 }
 
 TEST(Attention, MatricesWithoutBatchDims) {
   AttentionCase c{pattern({3, 4}), pattern({5, 4}, 1.0f), pattern({5, 2}, 2.0f)};
-  const Tensor out = run1("aten.scaled_dot_product_attention.default", make_attrs(), {c.q, c.k, c.v});
+  const Tensor out = run_op("aten.scaled_dot_product_attention.default", {c.q, c.k, c.v}).out();
   ASSERT_EQ(out.shape(), (Shape{3, 2}));
   expect_values(out, naive_attention(c));
 }
@@ -624,14 +555,16 @@ TEST(Attention, MatricesWithoutBatchDims) {
 TEST(Attention, CausalAlignsToTheTopLeft) {
   AttentionCase square{pattern({2, 4, 8}), pattern({2, 4, 8}, 1.0f), pattern({2, 4, 8}, 2.0f)};
   square.causal = true;
-  expect_values(run1("aten.scaled_dot_product_attention.default", make_attrs({{"is_causal", true}}),
-                     {square.q, square.k, square.v}),
+  expect_values(run_op("aten.scaled_dot_product_attention.default", {square.q, square.k, square.v},
+                       make_attrs({{"is_causal", true}}))
+                    .out(),
                 naive_attention(square));
   // L=3, S=5: row i attends to keys 0..i, like torch.ones(L, S).tril().
   AttentionCase wide{pattern({1, 3, 4}), pattern({1, 5, 4}, 1.0f), pattern({1, 5, 2}, 2.0f)};
   wide.causal = true;
   const Tensor out =
-      run1("aten.scaled_dot_product_attention.default", make_attrs({{"is_causal", true}}), {wide.q, wide.k, wide.v});
+      run_op("aten.scaled_dot_product_attention.default", {wide.q, wide.k, wide.v}, make_attrs({{"is_causal", true}}))
+          .out();
   expect_values(out, naive_attention(wide));
   // The first query sees only the first key: its output is v[0].
   EXPECT_NEAR(out.data<float>()[0], wide.v.data<float>()[0], 1e-6);
@@ -644,10 +577,9 @@ TEST(Attention, BoolAndFloatMasksBroadcast) {
   const std::vector<uint8_t> keep = {1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0};
   for (int64_t bh = 0; bh < 4; ++bh)
     for (uint8_t k : keep) c.additive_mask.push_back(k ? 0.0f : -kInf);
-  const Tensor out =
-      run1("aten.scaled_dot_product_attention.default", make_attrs(), {c.q, c.k, c.v, bools({3, 5}, keep)});
+  const Tensor out = run_op("aten.scaled_dot_product_attention.default", {c.q, c.k, c.v, bools({3, 5}, keep)}).out();
   expect_values(out, naive_attention(c));
-  const std::vector<float> values = values_of(out);
+  const std::vector<float> values = float_values(out);
   for (int64_t e = 0; e < 3; ++e) EXPECT_EQ(values[static_cast<size_t>(2 * 3 + e)], 0.0f);
 
   // Float [1, 2, 1, 5]: per-head additive bias, broadcast over batch and query rows.
@@ -657,38 +589,40 @@ TEST(Attention, BoolAndFloatMasksBroadcast) {
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t i = 0; i < 3; ++i)
         for (int64_t j = 0; j < 5; ++j) c.additive_mask.push_back(bias.data<float>()[h * 5 + j]);
-  expect_values(run1("aten.scaled_dot_product_attention.default", make_attrs(), {c.q, c.k, c.v, bias}),
-                naive_attention(c));
+  expect_values(run_op("aten.scaled_dot_product_attention.default", {c.q, c.k, c.v, bias}).out(), naive_attention(c));
 }
 
 TEST(Attention, GroupedQueryHeads) {
   AttentionCase c{pattern({1, 4, 3, 8}), pattern({1, 2, 5, 8}, 1.0f), pattern({1, 2, 5, 6}, 2.0f)};
   c.group = 2;
   c.causal = true;
-  const Tensor out = run1("aten.scaled_dot_product_attention.default",
-                          make_attrs({{"enable_gqa", true}, {"is_causal", true}}), {c.q, c.k, c.v});
+  const Tensor out = run_op("aten.scaled_dot_product_attention.default", {c.q, c.k, c.v},
+                            make_attrs({{"enable_gqa", true}, {"is_causal", true}}))
+                         .out();
   ASSERT_EQ(out.shape(), (Shape{1, 4, 3, 6}));
   expect_values(out, naive_attention(c));
-  EXPECT_THROW(infer("aten.scaled_dot_product_attention.default", make_attrs(),
-                     {f32({1, 4, 3, 8}), f32({1, 2, 5, 8}), f32({1, 2, 5, 6})}),
+  EXPECT_THROW(infer_op("aten.scaled_dot_product_attention.default",
+                        {meta({1, 4, 3, 8}), meta({1, 2, 5, 8}), meta({1, 2, 5, 6})}),
                Error);
-  EXPECT_THROW(infer("aten.scaled_dot_product_attention.default", make_attrs({{"enable_gqa", true}}),
-                     {f32({1, 4, 3, 8}), f32({1, 3, 5, 8}), f32({1, 3, 5, 6})}),
-               Error);
+  EXPECT_THROW(
+      infer_op("aten.scaled_dot_product_attention.default",
+               {meta({1, 4, 3, 8}), meta({1, 3, 5, 8}), meta({1, 3, 5, 6})}, make_attrs({{"enable_gqa", true}})),
+      Error);
 }
 
 TEST(Attention, RejectsBadShapes) {
   const auto sdpa = [](Attrs attrs, std::vector<TensorMeta> inputs) {
-    return infer("aten.scaled_dot_product_attention.default", std::move(attrs), inputs);
+    return infer_op("aten.scaled_dot_product_attention.default", inputs, std::move(attrs));
   };
-  EXPECT_THROW(sdpa(make_attrs(), {f32({1, 3, 4}), f32({1, 5, 3}), f32({1, 5, 2})}), Error);  // E differs
-  EXPECT_THROW(sdpa(make_attrs(), {f32({1, 3, 4}), f32({1, 5, 4}), f32({1, 6, 2})}), Error);  // S differs
-  EXPECT_THROW(sdpa(make_attrs(), {f32({1, 3, 4}), f32({1, 5, 4}), f32({1, 5, 2}), f32({4, 5})}), Error);
-  EXPECT_THROW(sdpa(make_attrs({{"is_causal", true}}), {f32({1, 3, 4}), f32({1, 5, 4}), f32({1, 5, 2}), f32({3, 5})}),
-               Error);
-  EXPECT_THROW(sdpa(make_attrs(), {f32({1, 3, 4}), f32({1, 5, 4}), f32({1, 5, 2}), {{3, 5}, DType::Int64}}), Error);
-  EXPECT_THROW(sdpa(make_attrs(), {f32({4}), f32({1, 5, 4}), f32({1, 5, 2})}), Error);
-  EXPECT_EQ(sdpa(make_attrs(), {f32({2, 1, 3, 4}), f32({2, 5, 4}), f32({2, 5, 7})})[0].shape, (Shape{2, 2, 3, 7}));
+  EXPECT_THROW(sdpa(make_attrs(), {meta({1, 3, 4}), meta({1, 5, 3}), meta({1, 5, 2})}), Error);  // E differs
+  EXPECT_THROW(sdpa(make_attrs(), {meta({1, 3, 4}), meta({1, 5, 4}), meta({1, 6, 2})}), Error);  // S differs
+  EXPECT_THROW(sdpa(make_attrs(), {meta({1, 3, 4}), meta({1, 5, 4}), meta({1, 5, 2}), meta({4, 5})}), Error);
+  EXPECT_THROW(
+      sdpa(make_attrs({{"is_causal", true}}), {meta({1, 3, 4}), meta({1, 5, 4}), meta({1, 5, 2}), meta({3, 5})}),
+      Error);
+  EXPECT_THROW(sdpa(make_attrs(), {meta({1, 3, 4}), meta({1, 5, 4}), meta({1, 5, 2}), {{3, 5}, DType::Int64}}), Error);
+  EXPECT_THROW(sdpa(make_attrs(), {meta({4}), meta({1, 5, 4}), meta({1, 5, 2})}), Error);
+  EXPECT_EQ(sdpa(make_attrs(), {meta({2, 1, 3, 4}), meta({2, 5, 4}), meta({2, 5, 7})})[0].shape, (Shape{2, 2, 3, 7}));
 }
 
 TEST(NnRegistry, SpellingsAreRegistered) {

@@ -21,6 +21,7 @@
 #include "npusim/op_registry.h"
 #include "runtime/backend.h"
 #include "runtime/coverage.h"
+#include "unit/graph_test_util.h"
 
 namespace npusim {
 namespace {
@@ -30,45 +31,8 @@ using compiler::Side;
 // ====================================================================================================================
 // Building graphs by hand
 
-Attrs make_attrs(std::vector<std::pair<std::string, AttrValue>> values = {}) {
-  Attrs attrs("test");
-  for (auto& [name, value] : values) attrs.set(name, std::move(value));
-  return attrs;
-}
-
-class GraphBuilder {
- public:
-  GraphBuilder() { graph_.source = "test"; }
-
-  ValueId input(const std::string& name, Shape shape, DType dtype = DType::Float32) {
-    const ValueId id = compiler::add_value(graph_, name, {std::move(shape), dtype}, ValueKind::GraphInput);
-    graph_.inputs.push_back(id);
-    return id;
-  }
-  ValueId weight(const std::string& name, Shape shape) {
-    const ValueId id = compiler::add_value(graph_, name, {std::move(shape), DType::Float32}, ValueKind::Weight);
-    graph_.value(id).weight_key = name;
-    graph_.weights.push_back(id);
-    return id;
-  }
-  ValueId op(const std::string& op, std::vector<ValueId> inputs, Attrs attrs = {}) {
-    const OpRegistry& registry = OpRegistry::instance();
-    const OpDef* def = registry.find(op);
-    if (!def) throw std::runtime_error("unknown op " + op);
-    registry.normalize_attrs(*def, nullptr, attrs, "test");
-    std::vector<TensorMeta> metas;
-    for (ValueId id : inputs) metas.push_back(graph_.value(id).meta);
-    const std::string name = op + "_" + std::to_string(graph_.nodes.size());
-    graph_.nodes.push_back(compiler::make_node(graph_, op, name, attrs, inputs, def->infer(attrs, metas), {name}));
-    compiler::renumber_producers(graph_);
-    return graph_.nodes.back().outputs[0];
-  }
-  void output(ValueId id) { graph_.outputs.push_back(id); }
-  const Graph& graph() const { return graph_; }
-
- private:
-  Graph graph_;
-};
+using test::GraphBuilder;
+using test::make_attrs;
 
 compiler::Target test_target(std::set<std::string> ops, std::string fallback = "cpu") {
   compiler::Target target;

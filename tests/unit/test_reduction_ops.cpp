@@ -1,103 +1,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <limits>
 
 #include "npusim/op_registry.h"
+#include "unit/op_test_util.h"
 
 using namespace npusim;
+using namespace npusim::test;
 
-namespace {
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-Tensor floats(Shape shape, const std::vector<float>& values, DType dtype = DType::Float32) {
-  Tensor t(DType::Float32, std::move(shape));
-  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
-  for (size_t i = 0; i < values.size(); ++i) t.mutable_data<float>()[i] = values[i];
-  return t.to(dtype);
-}
-
-Tensor ints(Shape shape, const std::vector<int64_t>& values) {
-  Tensor t(DType::Int64, std::move(shape));
-  EXPECT_EQ(t.numel(), static_cast<int64_t>(values.size()));
-  for (size_t i = 0; i < values.size(); ++i) t.mutable_data<int64_t>()[i] = values[i];
-  return t;
-}
-
-Tensor bools(Shape shape, const std::vector<int>& values) {
-  Tensor t(DType::Bool, std::move(shape));
-  for (size_t i = 0; i < values.size(); ++i) t.mutable_data<uint8_t>()[i] = values[i] ? 1 : 0;
-  return t;
-}
-
-// 0, 1, 2, ... in the given shape.
-Tensor iota(Shape shape) {
-  Tensor t(DType::Float32, std::move(shape));
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data<float>()[i] = static_cast<float>(i);
-  return t;
-}
-
-Attrs attrs_of(std::initializer_list<std::pair<const std::string, AttrValue>> values) {
-  Attrs attrs("test");
-  for (const auto& [name, value] : values) attrs.set(name, value);
-  return attrs;
-}
-
-AttrValue dims(std::vector<int64_t> values) { return AttrValue{std::move(values)}; }
-
-struct OpRun {
-  std::string canonical;
-  std::vector<TensorMeta> metas;
-  std::vector<Tensor> outs;
-  const TensorMeta& meta() const { return metas.at(0); }
-  const Tensor& out() const { return outs.at(0); }
-};
-
-// Runs an IR op_type the way the compiler does: spelling lookup, attribute normalization, shape inference, then
-// the reference on the input converted to the reference domain.
-OpRun run(const std::string& op_type, const Tensor& input, Attrs attrs = Attrs("test")) {
-  const OpRegistry& registry = OpRegistry::instance();
-  const auto [def, spelling] = registry.find_spelling(op_type);
-  if (!def) throw std::runtime_error("unknown op_type " + op_type);
-  registry.normalize_attrs(*def, spelling, attrs, op_type);
-  const std::vector<TensorMeta> inputs = {{input.shape(), input.dtype()}};
-  const std::vector<TensorMeta> outputs = def->infer(attrs, inputs);
-  const std::vector<Tensor> reference_inputs = {input.to_reference()};
-  const std::vector<Tensor> results = def->reference(attrs, reference_inputs, outputs);
-  EXPECT_EQ(results.size(), outputs.size());
-  for (size_t i = 0; i < std::min(results.size(), outputs.size()); ++i) {
-    EXPECT_EQ(results[i].shape(), outputs[i].shape);
-    EXPECT_EQ(results[i].dtype(), reference_dtype(outputs[i].dtype));
-  }
-  return {def->name, outputs, results};
-}
-
-void expect_floats(const Tensor& t, const std::vector<double>& expected, double tolerance = 1e-6) {
-  ASSERT_EQ(t.dtype(), DType::Float32);
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(expected.size()));
-  for (size_t i = 0; i < expected.size(); ++i) {
-    const double actual = t.data<float>()[i];
-    if (std::isnan(expected[i])) {
-      EXPECT_TRUE(std::isnan(actual)) << "element " << i << " is " << actual;
-    } else if (std::isinf(expected[i])) {
-      EXPECT_EQ(actual, expected[i]) << "element " << i;
-    } else {
-      EXPECT_NEAR(actual, expected[i], tolerance * std::max(1.0, std::abs(expected[i]))) << "element " << i;
-    }
-  }
-}
-
-void expect_ints(const Tensor& t, const std::vector<int64_t>& expected) {
-  ASSERT_EQ(t.dtype(), DType::Int64);
-  ASSERT_EQ(t.numel(), static_cast<int64_t>(expected.size()));
-  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(t.data<int64_t>()[i], expected[i]) << "element " << i;
-}
-
-TensorMeta meta(Shape shape, DType dtype) { return {std::move(shape), dtype}; }
-
-}  // namespace
+namespace {}  // namespace
 
 TEST(ReductionSpellings, MapAtenSpellingsToCanonicalOps) {
   const std::pair<const char*, const char*> table[] = {
@@ -134,8 +45,8 @@ TEST(ReductionSpellings, MapAtenSpellingsToCanonicalOps) {
 }
 
 TEST(ReductionMean, LastDimKeepdimAsInRmsNorm) {
-  const auto r =
-      run("aten.mean.dim", floats({2, 3}, {1, 2, 6, -1, 0, 4}), attrs_of({{"dim", dims({-1})}, {"keepdim", true}}));
+  const auto r = run_op("aten.mean.dim", {floats({2, 3}, {1, 2, 6, -1, 0, 4})},
+                        make_attrs({{"dim", ints_attr({-1})}, {"keepdim", true}}));
   EXPECT_EQ(r.meta(), meta({2, 1}, DType::Float32));
   expect_floats(r.out(), {3, 1});
 }
@@ -143,220 +54,235 @@ TEST(ReductionMean, LastDimKeepdimAsInRmsNorm) {
 TEST(ReductionMean, DimListsDefaultsAndDtype) {
   // iota [2,3,4]: element (i,j,k) = 12i + 4j + k.
   const Tensor x = iota({2, 3, 4});
-  const auto middle = run("aten.mean.dim", x, attrs_of({{"dim", dims({0, 2})}}));
+  const auto middle = run_op("aten.mean.dim", {x}, make_attrs({{"dim", ints_attr({0, 2})}}));
   EXPECT_EQ(middle.meta(), meta({3}, DType::Float32));
   expect_floats(middle.out(), {7.5, 11.5, 15.5});  // mean over i,k of 12i + 4j + k = 6 + 4j + 1.5
-  const auto kept = run("aten.mean.dim", x, attrs_of({{"dim", dims({0, -1})}, {"keepdim", true}}));
+  const auto kept = run_op("aten.mean.dim", {x}, make_attrs({{"dim", ints_attr({0, -1})}, {"keepdim", true}}));
   EXPECT_EQ(kept.meta(), meta({1, 3, 1}, DType::Float32));
   expect_floats(kept.out(), {7.5, 11.5, 15.5});
-  const auto all = run("aten.mean.default", x);
+  const auto all = run_op("aten.mean.default", {x});
   EXPECT_EQ(all.meta(), meta({}, DType::Float32));
   expect_floats(all.out(), {11.5});
-  expect_floats(run("aten.mean.dim", x, attrs_of({{"dim", dims({})}})).out(), {11.5});
-  expect_floats(run("aten.mean.dim", x, attrs_of({{"dim", NoneValue{}}, {"keepdim", true}})).out(), {11.5});
-  const auto bf16 = run("aten.mean.dim", floats({2}, {1, 2}, DType::BFloat16), attrs_of({{"dim", dims({0})}}));
+  expect_floats(run_op("aten.mean.dim", {x}, make_attrs({{"dim", ints_attr({})}})).out(), {11.5});
+  expect_floats(run_op("aten.mean.dim", {x}, make_attrs({{"dim", NoneValue{}}, {"keepdim", true}})).out(), {11.5});
+  const auto bf16 =
+      run_op("aten.mean.dim", {floats({2}, {1, 2}, DType::BFloat16)}, make_attrs({{"dim", ints_attr({0})}}));
   EXPECT_EQ(bf16.meta().dtype, DType::BFloat16);
-  const auto from_int = run("aten.mean.dim", ints({2, 2}, {1, 2, 4, 4}),
-                            attrs_of({{"dim", dims({1})}, {"dtype", std::string("torch.float32")}}));
+  const auto from_int = run_op("aten.mean.dim", {ints({2, 2}, {1, 2, 4, 4})},
+                               make_attrs({{"dim", ints_attr({1})}, {"dtype", std::string("torch.float32")}}));
   EXPECT_EQ(from_int.meta(), meta({2}, DType::Float32));
   expect_floats(from_int.out(), {1.5, 4});
 }
 
 TEST(ReductionMean, RejectsIntegersBadAndRepeatedDims) {
-  EXPECT_THROW(run("aten.mean.dim", ints({2}, {1, 2}), attrs_of({{"dim", dims({0})}})), Error);
-  EXPECT_THROW(run("aten.mean.dim", iota({2, 3}), attrs_of({{"dim", dims({2})}})), Error);
-  EXPECT_THROW(run("aten.mean.dim", iota({2, 3}), attrs_of({{"dim", dims({-3})}})), Error);
-  EXPECT_THROW(run("aten.mean.dim", iota({2, 3}), attrs_of({{"dim", dims({1, -1})}})), Error);
-  EXPECT_THROW(run("aten.mean.dim", iota({2, 3}), attrs_of({{"dim", std::string("last")}})), Error);
-  EXPECT_THROW(run("aten.mean.dim", iota({2, 3}), attrs_of({{"dtype", std::string("torch.quux")}})), Error);
+  EXPECT_THROW(run_op("aten.mean.dim", {ints({2}, {1, 2})}, make_attrs({{"dim", ints_attr({0})}})), Error);
+  EXPECT_THROW(run_op("aten.mean.dim", {iota({2, 3})}, make_attrs({{"dim", ints_attr({2})}})), Error);
+  EXPECT_THROW(run_op("aten.mean.dim", {iota({2, 3})}, make_attrs({{"dim", ints_attr({-3})}})), Error);
+  EXPECT_THROW(run_op("aten.mean.dim", {iota({2, 3})}, make_attrs({{"dim", ints_attr({1, -1})}})), Error);
+  EXPECT_THROW(run_op("aten.mean.dim", {iota({2, 3})}, make_attrs({{"dim", std::string("last")}})), Error);
+  EXPECT_THROW(run_op("aten.mean.dim", {iota({2, 3})}, make_attrs({{"dtype", std::string("torch.quux")}})), Error);
 }
 
 TEST(ReductionSum, FloatsIntegersAndBools) {
   const Tensor x = iota({2, 3, 4});
-  const auto outer = run("aten.sum.dim_IntList", x, attrs_of({{"dim", dims({0, 2})}}));
+  const auto outer = run_op("aten.sum.dim_IntList", {x}, make_attrs({{"dim", ints_attr({0, 2})}}));
   EXPECT_EQ(outer.meta(), meta({3}, DType::Float32));
   expect_floats(outer.out(), {60, 92, 124});  // 8 * (6 + 4j + 1.5)
-  expect_floats(run("aten.sum.dim_IntList", x, attrs_of({{"dim", dims({1})}, {"keepdim", true}})).out(),
+  expect_floats(run_op("aten.sum.dim_IntList", {x}, make_attrs({{"dim", ints_attr({1})}, {"keepdim", true}})).out(),
                 {12, 15, 18, 21, 48, 51, 54, 57});
-  expect_floats(run("aten.sum.default", x).out(), {276});
+  expect_floats(run_op("aten.sum.default", {x}).out(), {276});
   const int64_t big = int64_t{1} << 53;
-  const auto exact = run("aten.sum.dim_IntList", ints({2, 3}, {big, 1, 1, -5, 2, 3}), attrs_of({{"dim", dims({-1})}}));
+  const auto exact =
+      run_op("aten.sum.dim_IntList", {ints({2, 3}, {big, 1, 1, -5, 2, 3})}, make_attrs({{"dim", ints_attr({-1})}}));
   EXPECT_EQ(exact.meta(), meta({2}, DType::Int64));
   expect_ints(exact.out(), {big + 2, 0});
-  const auto count = run("aten.sum.default", bools({4}, {1, 0, 1, 1}));
+  const auto count = run_op("aten.sum.default", {bools({4}, {1, 0, 1, 1})});
   EXPECT_EQ(count.meta(), meta({}, DType::Int64));
   expect_ints(count.out(), {3});
-  const auto as_float = run("aten.sum.default", ints({2}, {1, 2}), attrs_of({{"dtype", std::string("torch.float32")}}));
+  const auto as_float =
+      run_op("aten.sum.default", {ints({2}, {1, 2})}, make_attrs({{"dtype", std::string("torch.float32")}}));
   EXPECT_EQ(as_float.meta().dtype, DType::Float32);
   expect_floats(as_float.out(), {3});
 }
 
 TEST(ReductionSum, EmptyAndZeroDimInputs) {
-  const auto over_empty = run("aten.sum.dim_IntList", floats({0, 3}, {}), attrs_of({{"dim", dims({0})}}));
+  const auto over_empty = run_op("aten.sum.dim_IntList", {floats({0, 3}, {})}, make_attrs({{"dim", ints_attr({0})}}));
   EXPECT_EQ(over_empty.meta(), meta({3}, DType::Float32));
   expect_floats(over_empty.out(), {0, 0, 0});
-  const auto empty_out = run("aten.sum.dim_IntList", floats({0, 3}, {}), attrs_of({{"dim", dims({1})}}));
+  const auto empty_out = run_op("aten.sum.dim_IntList", {floats({0, 3}, {})}, make_attrs({{"dim", ints_attr({1})}}));
   EXPECT_EQ(empty_out.meta(), meta({0}, DType::Float32));
-  expect_floats(run("aten.mean.dim", floats({0, 2}, {}), attrs_of({{"dim", dims({0})}})).out(), {kNaN, kNaN});
-  expect_floats(run("aten.prod.default", floats({0}, {})).out(), {1});
-  const auto scalar = run("aten.sum.dim_IntList", floats({}, {4}), attrs_of({{"dim", dims({-1})}, {"keepdim", true}}));
+  expect_floats(run_op("aten.mean.dim", {floats({0, 2}, {})}, make_attrs({{"dim", ints_attr({0})}})).out(),
+                {kNaN, kNaN});
+  expect_floats(run_op("aten.prod.default", {floats({0}, {})}).out(), {1});
+  const auto scalar =
+      run_op("aten.sum.dim_IntList", {floats({}, {4})}, make_attrs({{"dim", ints_attr({-1})}, {"keepdim", true}}));
   EXPECT_EQ(scalar.meta(), meta({}, DType::Float32));
   expect_floats(scalar.out(), {4});
 }
 
 TEST(ReductionProd, FloatAndExactIntegers) {
-  expect_floats(run("aten.prod.dim_int", floats({2, 3}, {1, 2, 3, -1, 0.5, 4}), attrs_of({{"dim", int64_t{1}}})).out(),
-                {6, -2});
-  const auto exact = run("aten.prod.default", ints({3}, {3037000499, 3037000499, 1}));
+  expect_floats(
+      run_op("aten.prod.dim_int", {floats({2, 3}, {1, 2, 3, -1, 0.5, 4})}, make_attrs({{"dim", int64_t{1}}})).out(),
+      {6, -2});
+  const auto exact = run_op("aten.prod.default", {ints({3}, {3037000499, 3037000499, 1})});
   EXPECT_EQ(exact.meta(), meta({}, DType::Int64));
   expect_ints(exact.out(), {int64_t{3037000499} * 3037000499});
-  EXPECT_EQ(run("aten.prod.dim_int", iota({2, 3}), attrs_of({{"dim", int64_t{0}}, {"keepdim", true}})).meta(),
+  EXPECT_EQ(run_op("aten.prod.dim_int", {iota({2, 3})}, make_attrs({{"dim", int64_t{0}}, {"keepdim", true}})).meta(),
             meta({1, 3}, DType::Float32));
 }
 
 TEST(ReductionAmax, AllDimsAndNaN) {
   const Tensor x = floats({2, 3}, {1, 5, -2, 7, kNaN, 0});
-  const auto rows = run("aten.amax.default", x, attrs_of({{"dim", dims({1})}}));
+  const auto rows = run_op("aten.amax.default", {x}, make_attrs({{"dim", ints_attr({1})}}));
   EXPECT_EQ(rows.meta(), meta({2}, DType::Float32));
   expect_floats(rows.out(), {5, kNaN});
-  expect_floats(run("aten.amin.default", x, attrs_of({{"dim", dims({0})}, {"keepdim", true}})).out(), {1, kNaN, -2});
-  expect_floats(run("aten.amax.default", floats({2, 2}, {1, 9, -3, 4})).out(), {9});  // dim=[] is every dim
-  const auto full = run("aten.max.default", floats({2, 2}, {1, 9, -3, 4}));
+  expect_floats(run_op("aten.amin.default", {x}, make_attrs({{"dim", ints_attr({0})}, {"keepdim", true}})).out(),
+                {1, kNaN, -2});
+  expect_floats(run_op("aten.amax.default", {floats({2, 2}, {1, 9, -3, 4})}).out(), {9});  // dim=[] is every dim
+  const auto full = run_op("aten.max.default", {floats({2, 2}, {1, 9, -3, 4})});
   EXPECT_EQ(full.meta(), meta({}, DType::Float32));
   expect_floats(full.out(), {9});
-  expect_floats(run("aten.min.default", floats({2, 2}, {1, 9, -3, 4})).out(), {-3});
+  expect_floats(run_op("aten.min.default", {floats({2, 2}, {1, 9, -3, 4})}).out(), {-3});
   const int64_t big = int64_t{1} << 60;
-  expect_ints(run("aten.amax.default", ints({3}, {big + 1, big, -1})).out(), {big + 1});
-  EXPECT_THROW(run("aten.amax.default", floats({0, 3}, {}), attrs_of({{"dim", dims({0})}})), Error);
-  EXPECT_THROW(run("aten.max.default", floats({0}, {})), Error);
-  EXPECT_EQ(run("aten.amax.default", floats({0, 3}, {}), attrs_of({{"dim", dims({1})}})).meta(),
+  expect_ints(run_op("aten.amax.default", {ints({3}, {big + 1, big, -1})}).out(), {big + 1});
+  EXPECT_THROW(run_op("aten.amax.default", {floats({0, 3}, {})}, make_attrs({{"dim", ints_attr({0})}})), Error);
+  EXPECT_THROW(run_op("aten.max.default", {floats({0}, {})}), Error);
+  EXPECT_EQ(run_op("aten.amax.default", {floats({0, 3}, {})}, make_attrs({{"dim", ints_attr({1})}})).meta(),
             meta({0}, DType::Float32));
 }
 
 TEST(ReductionMaxDim, ValuesAndFirstIndices) {
   const Tensor x = floats({2, 3}, {1, 5, 5, 7, -1, 7});
-  const auto r = run("aten.max.dim", x, attrs_of({{"dim", int64_t{1}}}));
+  const auto r = run_op("aten.max.dim", {x}, make_attrs({{"dim", int64_t{1}}}));
   EXPECT_EQ(r.canonical, "max_dim");
   ASSERT_EQ(r.metas.size(), 2u);
   EXPECT_EQ(r.metas[0], meta({2}, DType::Float32));
   EXPECT_EQ(r.metas[1], meta({2}, DType::Int64));
-  expect_floats(r.outs[0], {5, 7});
-  expect_ints(r.outs[1], {1, 0});
-  const auto kept = run("aten.min.dim", x, attrs_of({{"dim", int64_t{-2}}, {"keepdim", true}}));
+  expect_floats(r.outputs[0], {5, 7});
+  expect_ints(r.outputs[1], {1, 0});
+  const auto kept = run_op("aten.min.dim", {x}, make_attrs({{"dim", int64_t{-2}}, {"keepdim", true}}));
   EXPECT_EQ(kept.metas[0], meta({1, 3}, DType::Float32));
   EXPECT_EQ(kept.metas[1], meta({1, 3}, DType::Int64));
-  expect_floats(kept.outs[0], {1, -1, 5});
-  expect_ints(kept.outs[1], {0, 1, 0});
-  const auto with_nan = run("aten.max.dim", floats({3}, {1, kNaN, 3}), attrs_of({{"dim", int64_t{0}}}));
-  expect_floats(with_nan.outs[0], {kNaN});
-  expect_ints(with_nan.outs[1], {1});
-  const auto integers = run("aten.min.dim", ints({2, 2}, {4, -9, 3, 3}), attrs_of({{"dim", int64_t{1}}}));
+  expect_floats(kept.outputs[0], {1, -1, 5});
+  expect_ints(kept.outputs[1], {0, 1, 0});
+  const auto with_nan = run_op("aten.max.dim", {floats({3}, {1, kNaN, 3})}, make_attrs({{"dim", int64_t{0}}}));
+  expect_floats(with_nan.outputs[0], {kNaN});
+  expect_ints(with_nan.outputs[1], {1});
+  const auto integers = run_op("aten.min.dim", {ints({2, 2}, {4, -9, 3, 3})}, make_attrs({{"dim", int64_t{1}}}));
   EXPECT_EQ(integers.metas[0].dtype, DType::Int64);
-  expect_ints(integers.outs[0], {-9, 3});
-  expect_ints(integers.outs[1], {1, 0});
-  EXPECT_THROW(run("aten.max.dim", x, attrs_of({{"dim", int64_t{2}}})), Error);
-  EXPECT_THROW(run("aten.max.dim", x), Error);  // dim is required
-  EXPECT_THROW(run("aten.max.dim", floats({2, 0}, {}), attrs_of({{"dim", int64_t{1}}})), Error);
+  expect_ints(integers.outputs[0], {-9, 3});
+  expect_ints(integers.outputs[1], {1, 0});
+  EXPECT_THROW(run_op("aten.max.dim", {x}, make_attrs({{"dim", int64_t{2}}})), Error);
+  EXPECT_THROW(run_op("aten.max.dim", {x}), Error);  // dim is required
+  EXPECT_THROW(run_op("aten.max.dim", {floats({2, 0}, {})}, make_attrs({{"dim", int64_t{1}}})), Error);
 }
 
 TEST(ReductionArgmax, FlattenedOrAlongDim) {
   const Tensor x = floats({2, 3}, {1, 8, 3, 8, 0, -4});
-  const auto flat = run("aten.argmax.default", x);
+  const auto flat = run_op("aten.argmax.default", {x});
   EXPECT_EQ(flat.meta(), meta({}, DType::Int64));
   expect_ints(flat.out(), {1});
-  const auto flat_kept = run("aten.argmin.default", x, attrs_of({{"keepdim", true}}));
+  const auto flat_kept = run_op("aten.argmin.default", {x}, make_attrs({{"keepdim", true}}));
   EXPECT_EQ(flat_kept.meta(), meta({1, 1}, DType::Int64));
   expect_ints(flat_kept.out(), {5});
-  expect_ints(run("aten.argmax.default", x, attrs_of({{"dim", int64_t{0}}})).out(), {1, 0, 0});
-  const auto rows = run("aten.argmin.default", x, attrs_of({{"dim", int64_t{-1}}, {"keepdim", true}}));
+  expect_ints(run_op("aten.argmax.default", {x}, make_attrs({{"dim", int64_t{0}}})).out(), {1, 0, 0});
+  const auto rows = run_op("aten.argmin.default", {x}, make_attrs({{"dim", int64_t{-1}}, {"keepdim", true}}));
   EXPECT_EQ(rows.meta(), meta({2, 1}, DType::Int64));
   expect_ints(rows.out(), {0, 2});
-  expect_ints(run("aten.argmax.default", ints({3}, {(int64_t{1} << 60) + 1, int64_t{1} << 60, 0})).out(), {0});
-  EXPECT_THROW(run("aten.argmax.default", floats({0}, {})), Error);
+  expect_ints(run_op("aten.argmax.default", {ints({3}, {(int64_t{1} << 60) + 1, int64_t{1} << 60, 0})}).out(), {0});
+  EXPECT_THROW(run_op("aten.argmax.default", {floats({0}, {})}), Error);
 }
 
 TEST(ReductionVariance, CorrectionAndUnbiased) {
   // Rows {1,2,4}: mean 7/3, squared deviations sum 14/3. Rows {0,0,3}: mean 1, squares sum 6.
   const Tensor x = floats({2, 3}, {1, 2, 4, 0, 0, 3});
-  const auto sample = run("aten.var.correction", x, attrs_of({{"dim", dims({1})}}));
+  const auto sample = run_op("aten.var.correction", {x}, make_attrs({{"dim", ints_attr({1})}}));
   EXPECT_EQ(sample.meta(), meta({2}, DType::Float32));
   expect_floats(sample.out(), {7.0 / 3, 3});
-  expect_floats(run("aten.var.correction", x, attrs_of({{"dim", dims({1})}, {"correction", int64_t{0}}})).out(),
-                {14.0 / 9, 2});
-  expect_floats(run("aten.var.dim", x, attrs_of({{"dim", dims({-1})}, {"unbiased", false}, {"keepdim", true}})).out(),
-                {14.0 / 9, 2});
-  expect_floats(run("aten.std.correction", x, attrs_of({{"dim", dims({1})}})).out(),
+  expect_floats(
+      run_op("aten.var.correction", {x}, make_attrs({{"dim", ints_attr({1})}, {"correction", int64_t{0}}})).out(),
+      {14.0 / 9, 2});
+  expect_floats(
+      run_op("aten.var.dim", {x}, make_attrs({{"dim", ints_attr({-1})}, {"unbiased", false}, {"keepdim", true}})).out(),
+      {14.0 / 9, 2});
+  expect_floats(run_op("aten.std.correction", {x}, make_attrs({{"dim", ints_attr({1})}})).out(),
                 {std::sqrt(7.0 / 3), std::sqrt(3.0)});
-  expect_floats(run("aten.std.dim", x, attrs_of({{"dim", dims({1})}, {"unbiased", false}})).out(),
+  expect_floats(run_op("aten.std.dim", {x}, make_attrs({{"dim", ints_attr({1})}, {"unbiased", false}})).out(),
                 {std::sqrt(14.0 / 9), std::sqrt(2.0)});
   // All six values: sum(x^2) - 6 * mean^2 = 30 - 6 * (5/3)^2 = 40/3 squared deviations over 5.
-  expect_floats(run("aten.var.default", x).out(), {40.0 / 3 / 5});
-  expect_floats(run("aten.var.correction", floats({1}, {5})).out(), {kNaN});  // one sample, correction 1
-  EXPECT_THROW(run("aten.var.correction", ints({2}, {1, 2})), Error);
+  expect_floats(run_op("aten.var.default", {x}).out(), {40.0 / 3 / 5});
+  expect_floats(run_op("aten.var.correction", {floats({1}, {5})}).out(), {kNaN});  // one sample, correction 1
+  EXPECT_THROW(run_op("aten.var.correction", {ints({2}, {1, 2})}), Error);
 }
 
 TEST(ReductionSoftmax, RowsDtypeAndNegativeDim) {
   const double e1 = std::exp(1.0), e2 = std::exp(2.0);
   const double denominator = 1 + e1 + e2;
   const Tensor x = floats({2, 3}, {1, 2, 3, 0, 0, 0}, DType::BFloat16);
-  const auto r = run("aten.softmax.int", x, attrs_of({{"dim", int64_t{-1}}, {"dtype", std::string("torch.float32")}}));
+  const auto r =
+      run_op("aten.softmax.int", {x}, make_attrs({{"dim", int64_t{-1}}, {"dtype", std::string("torch.float32")}}));
   EXPECT_EQ(r.meta(), meta({2, 3}, DType::Float32));
   expect_floats(r.out(), {1 / denominator, e1 / denominator, e2 / denominator, 1.0 / 3, 1.0 / 3, 1.0 / 3});
-  EXPECT_EQ(run("aten.softmax.int", x, attrs_of({{"dim", int64_t{1}}})).meta().dtype, DType::BFloat16);
-  EXPECT_EQ(run("aten._softmax.default", x, attrs_of({{"dim", int64_t{1}}, {"half_to_float", true}})).meta().dtype,
-            DType::Float32);
+  EXPECT_EQ(run_op("aten.softmax.int", {x}, make_attrs({{"dim", int64_t{1}}})).meta().dtype, DType::BFloat16);
+  EXPECT_EQ(
+      run_op("aten._softmax.default", {x}, make_attrs({{"dim", int64_t{1}}, {"half_to_float", true}})).meta().dtype,
+      DType::Float32);
   // Along dim 0 of [2,2]: columns (0, ln3) and (0, 0).
   expect_floats(
-      run("aten._softmax.default", floats({2, 2}, {0, 0, std::log(3.0f), 0}), attrs_of({{"dim", int64_t{-2}}})).out(),
+      run_op("aten._softmax.default", {floats({2, 2}, {0, 0, std::log(3.0f), 0})}, make_attrs({{"dim", int64_t{-2}}}))
+          .out(),
       {0.25, 0.5, 0.75, 0.5});
 }
 
 TEST(ReductionSoftmax, FullyMaskedRowIsNaN) {
-  const auto r = run("aten.softmax.int", floats({2, 2}, {-kInf, -kInf, 0, -kInf}), attrs_of({{"dim", int64_t{1}}}));
+  const auto r =
+      run_op("aten.softmax.int", {floats({2, 2}, {-kInf, -kInf, 0, -kInf})}, make_attrs({{"dim", int64_t{1}}}));
   expect_floats(r.out(), {kNaN, kNaN, 1, 0});
-  expect_floats(run("aten.log_softmax.int", floats({2}, {-kInf, -kInf}), attrs_of({{"dim", int64_t{0}}})).out(),
+  expect_floats(run_op("aten.log_softmax.int", {floats({2}, {-kInf, -kInf})}, make_attrs({{"dim", int64_t{0}}})).out(),
                 {kNaN, kNaN});
 }
 
 TEST(ReductionSoftmax, LogSoftmaxAndErrors) {
   const double log_denominator = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0));
-  expect_floats(run("aten.log_softmax.int", floats({3}, {1, 2, 3}), attrs_of({{"dim", int64_t{0}}})).out(),
+  expect_floats(run_op("aten.log_softmax.int", {floats({3}, {1, 2, 3})}, make_attrs({{"dim", int64_t{0}}})).out(),
                 {1 - log_denominator, 2 - log_denominator, 3 - log_denominator});
-  expect_floats(run("aten._log_softmax.default", floats({1, 2}, {5, 5}), attrs_of({{"dim", int64_t{1}}})).out(),
+  expect_floats(run_op("aten._log_softmax.default", {floats({1, 2}, {5, 5})}, make_attrs({{"dim", int64_t{1}}})).out(),
                 {-std::log(2.0), -std::log(2.0)});
-  EXPECT_EQ(run("aten.softmax.int", floats({0, 4}, {}), attrs_of({{"dim", int64_t{1}}})).meta(),
+  EXPECT_EQ(run_op("aten.softmax.int", {floats({0, 4}, {})}, make_attrs({{"dim", int64_t{1}}})).meta(),
             meta({0, 4}, DType::Float32));
-  EXPECT_THROW(run("aten.softmax.int", iota({2, 3}), attrs_of({{"dim", int64_t{2}}})), Error);
-  EXPECT_THROW(run("aten.softmax.int", iota({2, 3})), Error);  // dim is required
-  EXPECT_THROW(run("aten.softmax.int", ints({2}, {1, 2}), attrs_of({{"dim", int64_t{0}}})), Error);
+  EXPECT_THROW(run_op("aten.softmax.int", {iota({2, 3})}, make_attrs({{"dim", int64_t{2}}})), Error);
+  EXPECT_THROW(run_op("aten.softmax.int", {iota({2, 3})}), Error);  // dim is required
+  EXPECT_THROW(run_op("aten.softmax.int", {ints({2}, {1, 2})}, make_attrs({{"dim", int64_t{0}}})), Error);
 }
 
 TEST(ReductionCumsum, FloatsAndExactIntegers) {
-  const auto rows = run("aten.cumsum.default", floats({2, 3}, {1, 2, 3, 0.5, -1, 4}), attrs_of({{"dim", int64_t{-1}}}));
+  const auto rows =
+      run_op("aten.cumsum.default", {floats({2, 3}, {1, 2, 3, 0.5, -1, 4})}, make_attrs({{"dim", int64_t{-1}}}));
   EXPECT_EQ(rows.meta(), meta({2, 3}, DType::Float32));
   expect_floats(rows.out(), {1, 3, 6, 0.5, -0.5, 3.5});
-  expect_floats(run("aten.cumsum.default", floats({2, 2}, {1, 2, 3, 4}), attrs_of({{"dim", int64_t{0}}})).out(),
+  expect_floats(run_op("aten.cumsum.default", {floats({2, 2}, {1, 2, 3, 4})}, make_attrs({{"dim", int64_t{0}}})).out(),
                 {1, 2, 4, 6});
   const int64_t big = int64_t{1} << 53;
-  expect_ints(run("aten.cumsum.default", ints({3}, {big, 1, 1}), attrs_of({{"dim", int64_t{0}}})).out(),
+  expect_ints(run_op("aten.cumsum.default", {ints({3}, {big, 1, 1})}, make_attrs({{"dim", int64_t{0}}})).out(),
               {big, big + 1, big + 2});
-  const auto from_bool = run("aten.cumsum.default", bools({3}, {1, 1, 0}), attrs_of({{"dim", int64_t{0}}}));
+  const auto from_bool = run_op("aten.cumsum.default", {bools({3}, {1, 1, 0})}, make_attrs({{"dim", int64_t{0}}}));
   EXPECT_EQ(from_bool.meta().dtype, DType::Int64);
   expect_ints(from_bool.out(), {1, 2, 2});
-  EXPECT_THROW(run("aten.cumsum.default", iota({2}), attrs_of({{"dim", int64_t{1}}})), Error);
+  EXPECT_THROW(run_op("aten.cumsum.default", {iota({2})}, make_attrs({{"dim", int64_t{1}}})), Error);
 }
 
 TEST(ReductionLogsumexp, StableAndInfinite) {
   const double expected = 3 + std::log(1 + std::exp(-1.0) + std::exp(-2.0));
-  const auto r =
-      run("aten.logsumexp.default", floats({2, 3}, {1, 2, 3, 1000, 1000, -kInf}), attrs_of({{"dim", dims({1})}}));
+  const auto r = run_op("aten.logsumexp.default", {floats({2, 3}, {1, 2, 3, 1000, 1000, -kInf})},
+                        make_attrs({{"dim", ints_attr({1})}}));
   EXPECT_EQ(r.meta(), meta({2}, DType::Float32));
   expect_floats(r.out(), {expected, 1000 + std::log(2.0)});
-  expect_floats(
-      run("aten.logsumexp.default", floats({2, 2}, {-kInf, -kInf, kInf, 1}), attrs_of({{"dim", dims({-1})}})).out(),
-      {-kInf, kInf});
+  expect_floats(run_op("aten.logsumexp.default", {floats({2, 2}, {-kInf, -kInf, kInf, 1})},
+                       make_attrs({{"dim", ints_attr({-1})}}))
+                    .out(),
+                {-kInf, kInf});
   const auto from_int =
-      run("aten.logsumexp.default", ints({2}, {0, 0}), attrs_of({{"dim", dims({0})}, {"keepdim", true}}));
+      run_op("aten.logsumexp.default", {ints({2}, {0, 0})}, make_attrs({{"dim", ints_attr({0})}, {"keepdim", true}}));
   EXPECT_EQ(from_int.meta(), meta({1}, DType::Float32));
   expect_floats(from_int.out(), {std::log(2.0)});
 }
