@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/json_text.h"
+
 namespace npusim::compiler {
 
 namespace {
@@ -20,12 +22,7 @@ const std::map<std::string, const char*> kBuiltinTargets = {
 }  // namespace
 
 Target parse_target(const std::string& json_text, const std::string& source) {
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::exception& error) {  // parse_error, or out_of_range for a number like 1e999
-    fail(source + ": not valid JSON (" + std::string(error.what()) + ")");
-  }
+  const nlohmann::json root = parse_json_text(json_text, source);
   if (!root.is_object()) fail(source + ": a target must be a JSON object");
   Target target;
   auto field = [&](const char* key) -> const nlohmann::json* { return root.contains(key) ? &root[key] : nullptr; };
@@ -46,7 +43,8 @@ Target parse_target(const std::string& json_text, const std::string& source) {
       target.compute_dtypes.clear();
       for (const auto& name : *v) {
         auto dtype = parse_dtype(name.get<std::string>());
-        if (!dtype || !is_floating(*dtype)) fail(source + ": 'compute_dtypes' has an unknown float dtype " + name.dump());
+        if (!dtype || !is_floating(*dtype))
+          fail(source + ": 'compute_dtypes' has an unknown float dtype " + name.dump());
         target.compute_dtypes.push_back(*dtype);
       }
     }
@@ -102,8 +100,8 @@ std::vector<Violation> check_target(const Graph& graph, const Target& target, DT
       continue;
     }
     if (!target.supports_op(node.op))
-      violations.push_back({node.name, node.op, "op is not supported by target '" + target.name + "'",
-                            !target.fallback.empty()});
+      violations.push_back(
+          {node.name, node.op, "op is not supported by target '" + target.name + "'", !target.fallback.empty()});
     for (ValueId id : node.outputs) {
       const Value& value = graph.value(id);
       if (static_cast<int>(value.meta.shape.size()) > target.max_rank)
@@ -113,8 +111,9 @@ std::vector<Violation> check_target(const Graph& graph, const Target& target, DT
     }
   }
   if (target.memory_bytes > 0 && planned_bytes > target.memory_bytes)
-    violations.push_back({"", "", "the program needs " + std::to_string(planned_bytes) + " bytes, the target has " +
-                                      std::to_string(target.memory_bytes)});
+    violations.push_back({"", "",
+                          "the program needs " + std::to_string(planned_bytes) + " bytes, the target has " +
+                              std::to_string(target.memory_bytes)});
   return violations;
 }
 

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "npusim/op_registry.h"
 
 namespace npusim {
@@ -17,8 +18,6 @@ namespace {
 using json = nlohmann::json;
 
 // Deeper nesting is refused while parsing: the walks over the tree (and dump() in messages) recurse.
-constexpr int kMaxJsonDepth = 64;
-
 std::string describe(const json& value) {
   std::string text = value.dump();
   return text.size() > 60 ? text.substr(0, 57) + "..." : text;
@@ -136,25 +135,36 @@ class Reader {
   static void flatten_numbers(const json& data, std::vector<double>& out, Shape& shape, size_t depth,
                               const std::string& where) {
     if (data.is_array()) {
-      if (shape.size() <= depth) shape.push_back(static_cast<int64_t>(data.size()));
-      else if (shape[depth] != static_cast<int64_t>(data.size())) fail(where + ": ragged nested list");
+      if (shape.size() <= depth)
+        shape.push_back(static_cast<int64_t>(data.size()));
+      else if (shape[depth] != static_cast<int64_t>(data.size()))
+        fail(where + ": ragged nested list");
       for (const json& item : data) flatten_numbers(item, out, shape, depth + 1, where);
       return;
     }
-    if (data.is_boolean()) out.push_back(data.get<bool>() ? 1.0 : 0.0);
-    else if (data.is_number()) out.push_back(data.get<double>());
-    else fail(where + ": constant data must be numbers, got " + describe(data));
+    if (data.is_boolean())
+      out.push_back(data.get<bool>() ? 1.0 : 0.0);
+    else if (data.is_number())
+      out.push_back(data.get<double>());
+    else
+      fail(where + ": constant data must be numbers, got " + describe(data));
   }
 
   // Integer constants are converted from double: a value out of range (or NaN) would make that undefined.
   static bool fits_dtype(double value, DType dtype) {
     switch (dtype) {
-      case DType::Int8: return value >= -128.0 && value <= 127.0;
-      case DType::UInt8: return value >= 0.0 && value <= 255.0;
-      case DType::Int16: return value >= -32768.0 && value <= 32767.0;
-      case DType::Int32: return value >= -2147483648.0 && value <= 2147483647.0;
-      case DType::Int64: return value >= -9223372036854775808.0 && value < 9223372036854775808.0;
-      default: return true;
+      case DType::Int8:
+        return value >= -128.0 && value <= 127.0;
+      case DType::UInt8:
+        return value >= 0.0 && value <= 255.0;
+      case DType::Int16:
+        return value >= -32768.0 && value <= 32767.0;
+      case DType::Int32:
+        return value >= -2147483648.0 && value <= 2147483647.0;
+      case DType::Int64:
+        return value >= -9223372036854775808.0 && value < 9223372036854775808.0;
+      default:
+        return true;
     }
   }
 
@@ -187,7 +197,8 @@ class Reader {
   void collect_node_output_names(const json& nodes) {
     for (size_t i = 0; i < nodes.size(); ++i) {
       if (!nodes[i].is_object()) continue;
-      if (nodes[i].contains("name") && nodes[i]["name"].is_string()) later_nodes_.insert(nodes[i]["name"].get<std::string>());
+      if (nodes[i].contains("name") && nodes[i]["name"].is_string())
+        later_nodes_.insert(nodes[i]["name"].get<std::string>());
       if (!nodes[i].contains("outputs") || !nodes[i]["outputs"].is_array()) continue;
       for (const json& output : nodes[i]["outputs"])
         if (output.is_object() && output.contains("name") && output["name"].is_string())
@@ -236,8 +247,10 @@ class Reader {
 
   static void flatten_list(const json& value, std::vector<json>& out) {
     for (const json& item : value) {
-      if (item.is_array()) flatten_list(item, out);
-      else out.push_back(item);
+      if (item.is_array())
+        flatten_list(item, out);
+      else
+        out.push_back(item);
     }
   }
 
@@ -258,8 +271,9 @@ class Reader {
       if (node != node_index_.end()) {
         const Node& producer_node = graph_.nodes[node->second];
         if (slot < 0 || slot >= static_cast<int64_t>(producer_node.outputs.size()))
-          fail(source_ + ": " + where + ": producer_output_idx " + std::to_string(slot) + " is out of range for node '" +
-               producer + "' with " + std::to_string(producer_node.outputs.size()) + " outputs");
+          fail(source_ + ": " + where + ": producer_output_idx " + std::to_string(slot) +
+               " is out of range for node '" + producer + "' with " + std::to_string(producer_node.outputs.size()) +
+               " outputs");
         id = producer_node.outputs[static_cast<size_t>(slot)];
       } else if (auto value = by_name_.find(producer);
                  value != by_name_.end() && graph_.value(value->second).kind == ValueKind::GraphInput) {
@@ -378,8 +392,8 @@ class Reader {
       if (value == by_name_.end())
         fail(source_ + ": " + where + ": '" + name + "' is not produced by any node, input or weight");
       if (graph_.value(value->second).meta.shape != meta.shape)
-        fail(source_ + ": " + where + ": '" + name + "' has shape " + shape_string(meta.shape) + " but its producer gives " +
-             shape_string(graph_.value(value->second).meta.shape));
+        fail(source_ + ": " + where + ": '" + name + "' has shape " + shape_string(meta.shape) +
+             " but its producer gives " + shape_string(graph_.value(value->second).meta.shape));
       graph_.outputs.push_back(value->second);
     }
   }
@@ -396,16 +410,7 @@ class Reader {
 
 Graph parse_torch_ir(std::string_view text, const std::string& source_name) {
   if (text.empty()) fail(source_name + ": file is empty");
-  json root;
-  try {
-    root = json::parse(text.begin(), text.end(), [&](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxJsonDepth)
-        fail(source_name + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-      return true;
-    });
-  } catch (const json::exception& error) {  // parse_error, or out_of_range for a number like 1e999
-    fail(source_name + ": not valid JSON (" + std::string(error.what()) + ")");
-  }
+  const json root = parse_json_text(text, source_name);
   return Reader(source_name).read(root);
 }
 

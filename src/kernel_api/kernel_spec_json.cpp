@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "core/json_text.h"
 #include "kernel_api/kernel_cache.h"
 #include "kernel_api/kernel_plan.h"
 #include "npusim/error.h"
@@ -230,12 +231,7 @@ class SpecReader {
 }  // namespace
 
 KernelSpec parse_kernel_spec(const std::string& text, const std::string& source_name, const std::string& base_folder) {
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& error) {
-    fail(source_name + ": not valid JSON (" + std::string(error.what()) + ")");
-  }
+  const json root = parse_json_text(text, source_name);
   try {
     return SpecReader(source_name, base_folder).read(root);
   } catch (const json::exception& error) {

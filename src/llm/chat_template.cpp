@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string_view>
 
+#include "core/json_text.h"
 #include "llm/tokenizer_json.h"
 #include "llm/tokenizer_unicode.h"
 #include "llm/utf8_stream.h"
@@ -312,13 +313,13 @@ std::optional<std::string> template_field(const Json& config, const std::string&
 
 ChatTemplate ChatTemplate::load(const std::string& path) {
   const std::string config_path = tokenizer_files::resolve(path, "tokenizer_config.json");
-  const Json config = tokenizer_files::parse_json(tokenizer_files::read_text_file(config_path), config_path);
+  const Json config = parse_json_text(read_text_file(config_path), config_path);
   if (!config.is_object()) fail(config_path + ": a tokenizer_config.json must be a JSON object");
   const std::string bos_token = tokenizer_files::token_name(config, "bos_token", config_path).value_or("");
   if (auto jinja = template_field(config, config_path)) return from_jinja(*jinja, config_path, bos_token);
   const std::string jinja_path = (std::filesystem::path(config_path).parent_path() / "chat_template.jinja").string();
   if (std::filesystem::is_regular_file(jinja_path))
-    return from_jinja(tokenizer_files::read_text_file(jinja_path), jinja_path, bos_token);
+    return from_jinja(read_text_file(jinja_path), jinja_path, bos_token);
   fail(config_path + ": has no 'chat_template' field and there is no chat_template.jinja beside it");
 }
 

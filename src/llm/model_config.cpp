@@ -10,6 +10,7 @@
 #include <numbers>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "npusim/error.h"
 
 namespace npusim {
@@ -19,8 +20,6 @@ namespace {
 using Json = nlohmann::json;
 
 // Deeper nesting is refused while parsing: the walks over the tree (and dump() in messages) recurse.
-constexpr int kMaxJsonDepth = 64;
-
 constexpr const char* kRopeTypes[] = {"default", "linear", "dynamic", "llama3", "yarn"};
 
 // Typed access to config fields; every error names the file and the field.
@@ -110,15 +109,6 @@ class FieldReader {
   const Json& object_;
   std::string prefix_;
 };
-
-std::string read_text_file(const std::string& path) {
-  if (std::filesystem::is_directory(path)) fail(path + ": is a directory, not a config.json");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // The object that holds the RoPE settings and the name it goes by in messages; null when there is none.
 std::pair<const Json*, std::string> find_rope_object(const std::string& source, const Json& root) {
@@ -290,19 +280,10 @@ double yarn_mscale(double scale, double mscale) { return scale <= 1.0 ? 1.0 : 0.
 
 }  // namespace
 
-ModelConfig ModelConfig::load(const std::string& path) { return parse(read_text_file(path), path); }
+ModelConfig ModelConfig::load(const std::string& path) { return parse(read_text_file(path, "a config.json"), path); }
 
 ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& source) {
-  Json root;
-  try {
-    root = Json::parse(json_text, [&](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth)
-        fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-      return true;
-    });
-  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
-    fail(source + ": not valid JSON: " + e.what());
-  }
+  const Json root = parse_json_text(json_text, source);
   if (!root.is_object()) fail(source + ": a model configuration must be a JSON object");
   const FieldReader fields(source, root);
 

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/json_text.h"
 #include "npusim/error.h"
 
 namespace npusim {
@@ -18,28 +19,6 @@ namespace {
 
 using Json = nlohmann::json;
 namespace fs = std::filesystem;
-
-constexpr int kMaxJsonDepth = 64;
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-Json parse_json(const std::string& text, const std::string& source) {
-  try {
-    return Json::parse(text, [&](int depth, Json::parse_event_t, Json&) {
-      if (depth > kMaxJsonDepth)
-        fail(source + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-      return true;
-    });
-  } catch (const Json::exception& e) {
-    fail(source + ": not valid JSON: " + e.what());
-  }
-}
 
 std::optional<double> number_field(const Json& root, const char* key, const std::string& source) {
   auto it = root.find(key);
@@ -93,7 +72,7 @@ DType dominant_dtype(const std::vector<SafetensorsFile>& files, int64_t& total_b
 }  // namespace
 
 GenerationConfig GenerationConfig::parse(const std::string& json_text, const std::string& source) {
-  const Json root = parse_json(json_text, source);
+  const Json root = parse_json_text(json_text, source);
   if (!root.is_object()) fail(source + ": a generation configuration must be a JSON object");
   GenerationConfig config;
   config.source = source;
@@ -111,10 +90,10 @@ GenerationConfig GenerationConfig::parse(const std::string& json_text, const std
   return config;
 }
 
-GenerationConfig GenerationConfig::load(const std::string& path) { return parse(read_text(path), path); }
+GenerationConfig GenerationConfig::load(const std::string& path) { return parse(read_text_file(path), path); }
 
 std::vector<std::string> read_safetensors_index(const std::string& index_path) {
-  const Json root = parse_json(read_text(index_path), index_path);
+  const Json root = parse_json_text(read_text_file(index_path), index_path);
   auto map = root.is_object() ? root.find("weight_map") : root.end();
   if (map == root.end() || !map->is_object())
     fail(index_path + ": a safetensors index needs a 'weight_map' object {tensor name: shard file}");

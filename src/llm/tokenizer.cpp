@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/json_text.h"
 #include "llm/tokenizer_bpe.h"
 #include "llm/tokenizer_json.h"
 #include "llm/tokenizer_pretokenizer.h"
@@ -590,23 +591,22 @@ Tokenizer Tokenizer::load(const std::string& path) {
   const std::string tokenizer_path = tokenizer_files::resolve(path, "tokenizer.json");
   const std::string config_path =
       (std::filesystem::path(tokenizer_path).parent_path() / "tokenizer_config.json").string();
-  const std::string config_text =
-      std::filesystem::is_regular_file(config_path) ? tokenizer_files::read_text_file(config_path) : "";
-  return parse(tokenizer_files::read_text_file(tokenizer_path), tokenizer_path, config_text, config_path);
+  const std::string config_text = std::filesystem::is_regular_file(config_path) ? read_text_file(config_path) : "";
+  return parse(read_text_file(tokenizer_path), tokenizer_path, config_text, config_path);
 }
 
 Tokenizer Tokenizer::parse(const std::string& tokenizer_json, const std::string& source, const std::string& config_json,
                            const std::string& config_source) {
   auto state = std::make_shared<State>();
   state->source = source;
-  const Json root = tokenizer_files::parse_json(tokenizer_json, source);
+  const Json root = parse_json_text(tokenizer_json, source);
   try {
     TokenizerReader(*state, source).read(root);
   } catch (const Json::exception& e) {  // a value of an unexpected type that no check above caught
     fail(source + ": unexpected content: " + e.what());
   }
   if (!config_json.empty()) {
-    const Json config = tokenizer_files::parse_json(config_json, config_source);
+    const Json config = parse_json_text(config_json, config_source);
     if (!config.is_object()) fail(config_source + ": a tokenizer_config.json must be a JSON object");
     state->bos = config_token(*state, config, "bos_token", config_source);
     state->eos = config_token(*state, config, "eos_token", config_source);

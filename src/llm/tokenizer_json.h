@@ -11,8 +11,6 @@ using Json = nlohmann::json;
 
 // `path` itself when it is a file, else `path`/`file_name` (a model directory).
 std::string resolve(const std::string& path, const std::string& file_name);
-std::string read_text_file(const std::string& path);
-Json parse_json(const std::string& text, const std::string& source);
 
 [[noreturn]] void field_error(const std::string& source, const std::string& field, const std::string& problem);
 

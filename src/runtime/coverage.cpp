@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "core/json_text.h"
 #include "npusim/op_registry.h"
 #include "runtime/backend.h"
 
@@ -178,12 +179,7 @@ std::optional<std::string> BackendCoverage::unsupported_reason(const Graph& grap
 }
 
 BackendCoverage parse_coverage(const std::string& json_text, const std::string& source) {
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(json_text);
-  } catch (const nlohmann::json::exception& error) {
-    fail(source + ": not valid JSON (" + std::string(error.what()) + ")");
-  }
+  const nlohmann::json root = parse_json_text(json_text, source);
   if (!root.is_object()) fail(source + ": a coverage must be a JSON object");
   for (const auto& [key, value] : root.items())
     if (key != "backend" && key != "compute_dtypes" && key != "dtypes" && key != "ops")

@@ -18,6 +18,8 @@
 #include <set>
 #include <system_error>
 
+#include "core/json_text.h"
+
 namespace npusim {
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
@@ -68,8 +70,6 @@ namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // Deeper nesting is refused while parsing: the walks over the tree (and dump() in messages) recurse.
-constexpr int kMaxJsonDepth = 64;
-
 struct DTypeName {
   const char* name;
   DType dtype;
@@ -248,17 +248,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
          std::to_string(size) + " bytes)");
 
   const char* header_begin = reinterpret_cast<const char*>(mapping->data() + 8);
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(
-        header_begin, header_begin + header_bytes, [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-          if (depth > kMaxJsonDepth)
-            fail(path + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-          return true;
-        });
-  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e999
-    fail(path + ": header is not valid JSON: " + e.what());
-  }
+  const nlohmann::json header = parse_json_text(std::string_view(header_begin, header_bytes), path, "header");
   if (!header.is_object()) fail(path + ": header must be a JSON object, got " + std::string(header.type_name()));
 
   SafetensorsFile file;
