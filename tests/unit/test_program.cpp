@@ -1,7 +1,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -411,8 +410,9 @@ TEST(Program, DamagedContentGivesErrorsNotCrashes) {
   EXPECT_NO_THROW(read_program_bytes(shifted.data() + 1, sealed.size(), "shifted.npubin"));
 }
 
-// Both the compiled program and the whole graph with every pass off (2000+ nodes).
-TEST(Program, ReadsQwen15PrefillQuickly) {
+// Both the compiled program and the whole graph with every pass off (2000+ nodes). How fast it reads is measured by
+// bench_compile, not here.
+TEST(Program, RoundTripsQwen15Prefill) {
   const std::set<std::string> every_pass = {"remove_noops", "fold_constants", "fold_batchnorm", "fusions"};
   for (const std::set<std::string>& disabled : {std::set<std::string>{}, every_pass}) {
     const Program program = compile("ir/qwen15_prefill_ir.json", DType::BFloat16, disabled);
@@ -421,18 +421,7 @@ TEST(Program, ReadsQwen15PrefillQuickly) {
     }
     const std::string path = work_dir() + "/qwen15_prefill.npubin";
     write_program(path, program);
-    double best_ms = 1e9;
-    Program loaded;
-    for (int run = 0; run < 5; ++run) {
-      const auto start = std::chrono::steady_clock::now();
-      loaded = read_program(path);
-      const auto stop = std::chrono::steady_clock::now();
-      best_ms = std::min(best_ms, std::chrono::duration<double, std::milli>(stop - start).count());
-    }
-    EXPECT_LT(best_ms, 100.0);
-    std::printf("read %zu nodes, %zu values, %zu bytes in %.1f ms\n", loaded.graph.nodes.size(),
-                loaded.graph.values.size(), static_cast<size_t>(std::filesystem::file_size(path)), best_ms);
-    expect_same_program(program, loaded);
+    expect_same_program(program, read_program(path));
   }
 }
 
