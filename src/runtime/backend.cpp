@@ -4,6 +4,9 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "npusim/op_registry.h"
+#ifdef NPUSIM_HAVE_CUDA_BACKEND
+#include "backends/cuda/cuda_backend.h"
+#endif
 
 namespace npusim {
 
@@ -17,7 +20,14 @@ bool BackendCapabilities::supports(const std::string& op) const {
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return std::make_unique<cpu::CpuBackend>();
+#ifdef NPUSIM_HAVE_CUDA_BACKEND
+  // The device is opened when a program is prepared, so capabilities are known on machines without a GPU.
+  if (name == "cuda") return std::make_unique<cuda::CudaBackend>();
+  fail("unknown backend '" + name + "' (backends built in: cpu, cuda)");
+#else
+  if (name == "cuda") fail("backend 'cuda' is not built in (build with the CUDA toolkit, nvcc included)");
   fail("unknown backend '" + name + "' (backends built in: cpu)");
+#endif
 }
 
 }  // namespace npusim

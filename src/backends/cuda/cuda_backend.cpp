@@ -1,0 +1,626 @@
+#include "backends/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/cuda_util.h"
+#include "backends/cuda/device_kernels.h"
+#include "compiler/graph_edit.h"
+#include "npusim/op_registry.h"
+#include "runtime/weight_transforms.h"
+
+namespace npusim::cuda {
+
+namespace {
+
+using compiler::Placement;
+using cpu::storage_elem;
+
+constexpr size_t kAlignment = 256;
+
+size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+DType storage_dtype(Elem elem) {
+  switch (elem) {
+    case Elem::F32:
+      return DType::Float32;
+    case Elem::F16:
+      return DType::Float16;
+    case Elem::BF16:
+      return DType::BFloat16;
+    case Elem::I64:
+      return DType::Int64;
+    case Elem::Bool:
+      return DType::Bool;
+  }
+  return DType::Float32;
+}
+
+std::string node_label(const Node& node) { return node.name + " (" + node.op + ")"; }
+
+bool graphs_enabled_by_environment() {
+  const char* text = std::getenv("NPUSIM_CUDA_GRAPHS");
+  return !text || std::string(text) != "0";
+}
+
+// Host bytes of a device value.
+std::vector<std::byte> download(const std::byte* data, size_t bytes, cudaStream_t stream, const std::string& where) {
+  std::vector<std::byte> host(bytes);
+  if (bytes == 0) return host;
+  NPUSIM_CUDA_CHECK(cudaMemcpyAsync(host.data(), data, bytes, cudaMemcpyDeviceToHost, stream), where);
+  NPUSIM_CUDA_CHECK(cudaStreamSynchronize(stream), where);
+  return host;
+}
+
+void upload(std::byte* data, const void* host, size_t bytes, cudaStream_t stream, const std::string& where) {
+  if (bytes == 0) return;
+  NPUSIM_CUDA_CHECK(cudaMemcpyAsync(data, host, bytes, cudaMemcpyHostToDevice, stream), where);
+  NPUSIM_CUDA_CHECK(cudaStreamSynchronize(stream), where);
+}
+
+// The node on the host: inputs copied down, the registry's reference, outputs copied back up.
+Launch host_launch(const OpContext& ctx) {
+  const Node* node = &ctx.node;
+  std::vector<DeviceValue> inputs = ctx.inputs, outputs = ctx.outputs;
+  return [node, inputs, outputs](cudaStream_t stream) {
+    const std::string where = "node '" + node->name + "' (" + node->op + ") on the host";
+    std::vector<Tensor> host_inputs;
+    for (const DeviceValue& in : inputs) {
+      const std::vector<std::byte> bytes = download(in.data, in.bytes(), stream, where);
+      host_inputs.push_back(cpu::storage_to_tensor(bytes.data(), in.elem, in.meta.shape));
+    }
+    std::vector<TensorMeta> metas;
+    for (const DeviceValue& out : outputs) metas.push_back(out.meta);
+    const std::vector<Tensor> results = node->def->reference(node->attrs, host_inputs, metas);
+    if (results.size() != outputs.size())
+      fail("the reference produced " + std::to_string(results.size()) + " outputs, expected " +
+           std::to_string(outputs.size()));
+    for (size_t i = 0; i < results.size(); ++i) {
+      const DeviceValue& out = outputs[i];
+      if (results[i].shape() != out.meta.shape)
+        fail("the reference output " + std::to_string(i) + " has shape " + shape_string(results[i].shape()) +
+             ", expected " + shape_string(out.meta.shape));
+      std::vector<std::byte> bytes(out.bytes());
+      cpu::tensor_to_storage(results[i], bytes.data(), out.elem);
+      upload(out.data, bytes.data(), bytes.size(), stream, where);
+    }
+  };
+}
+
+struct PreparedNode {
+  const Node* node;
+  Launch launch;
+  bool host = false;
+};
+
+class CudaPreparedProgram final : public PreparedProgram {
+ public:
+  CudaPreparedProgram(const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights,
+                      const CudaOptions& options, const std::vector<std::pair<std::string, std::string>>& state = {},
+                      const PreparedProgram* share_state_with = nullptr)
+      : graph_(program.graph),
+        plan_(program.plan),
+        floats_(cpu::float_storage(program.compute_dtype)),
+        options_(options) {
+    check_supported(graph_);
+    if (plan_.values.size() != graph_.values.size())
+      fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) +
+           " values, the graph has " + std::to_string(graph_.values.size()));
+    ensure_device();
+    NPUSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                      graph_.source + ": creating a stream");
+    choose_elems();
+    upload_weights(weights);
+    state_ = resolve_state(state, share_state_with);
+    place_values();
+    build_kernels();
+  }
+
+  ~CudaPreparedProgram() override {
+    release_graph();
+    release_events();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  NamedTensors run(const std::map<std::string, Tensor>& inputs) override {
+    if (options_.poison_memory)
+      NPUSIM_CUDA_CHECK(launch_fill_bytes(stream_, arena_.data(), 0xff, arena_.size()), graph_.source + ": poisoning");
+    copy_inputs(inputs);
+    if (can_capture() && !graph_exec_ && runs_ > 0) capture();
+    if (graph_exec_) {
+      NPUSIM_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_), graph_.source + ": replaying the CUDA graph");
+    } else {
+      enqueue_all(profiling_);
+    }
+    NamedTensors outputs = collect_outputs();
+    if (profiling_ && !graph_exec_) read_timings();
+    ++runs_;
+    return outputs;
+  }
+
+  int64_t planned_bytes() const override { return plan_.arena_bytes + plan_.persistent_bytes; }
+  int64_t allocated_bytes() const override {
+    return static_cast<int64_t>(arena_.size() + weight_memory_.size() + state_bytes_ + flags_.size());
+  }
+  void set_profiling(bool on) override {
+    profiling_ = on;
+    if (on) release_graph();  // a replayed graph has no per-kernel timings
+  }
+  std::vector<KernelTiming> last_timings() const override { return timings_; }
+  std::vector<std::string> fallback_nodes() const override {
+    std::vector<std::string> nodes;
+    for (const PreparedNode& k : kernels_)
+      if (k.host) nodes.push_back(node_label(*k.node));
+    return nodes;
+  }
+  bool replays_graph() const { return graph_exec_ != nullptr; }
+
+  // ---- state kept between runs (see PreparedProgram::bind_state) ----
+
+  void bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
+                  const PreparedProgram* share_with) override {
+    std::vector<StateSlot> slots = resolve_state(input_output_pairs, share_with);
+    for (StateSlot& slot : slots) state_.push_back(std::move(slot));
+    release_graph();
+    place_values();
+    build_kernels();
+  }
+
+  void write_state(const std::string& input, const Tensor& value) override {
+    const StateSlot* slot = state_of_input(input);
+    if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
+    const Value& meta = graph_.value(slot->input);
+    if (value.shape() != meta.meta.shape || reference_dtype(value.dtype()) != reference_dtype(meta.meta.dtype))
+      fail(graph_.source + ": state '" + input + "' is " + shape_string(meta.meta.shape) + " " +
+           std::string(dtype_name(meta.meta.dtype)) + ", got " + shape_string(value.shape()) + " " +
+           std::string(dtype_name(value.dtype())));
+    std::vector<std::byte> bytes(slot->memory->size());
+    cpu::tensor_to_storage(value.to_reference(), bytes.data(), elem_of(slot->input));
+    upload(slot->memory->data(), bytes.data(), bytes.size(), stream_,
+           graph_.source + ": writing state '" + input + "'");
+  }
+
+  Tensor read_state(const std::string& input) const override {
+    const StateSlot* slot = state_of_input(input);
+    if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
+    const std::vector<std::byte> bytes = download(slot->memory->data(), slot->memory->size(), stream_,
+                                                  graph_.source + ": reading state '" + input + "'");
+    return cpu::storage_to_tensor(bytes.data(), elem_of(slot->input), graph_.value(slot->input).meta.shape);
+  }
+
+ private:
+  struct StateSlot {
+    std::string input_name;
+    ValueId input = kNoValue, output = kNoValue;
+    std::shared_ptr<DeviceBuffer> memory;
+  };
+
+  // ---- element types and weights ----
+
+  Elem elem_of(ValueId id) const { return elems_[static_cast<size_t>(id)]; }
+
+  size_t storage_bytes(ValueId id) const {
+    return static_cast<size_t>(shape_numel(graph_.value(id).meta.shape)) * cpu::elem_size(elem_of(id));
+  }
+
+  // Floats in the storage dtype, except rotary frequencies: positions multiply them, so they stay fp32.
+  void choose_elems() {
+    elems_.resize(graph_.values.size());
+    for (size_t i = 0; i < graph_.values.size(); ++i) elems_[i] = storage_elem(graph_.values[i].meta.dtype, floats_);
+    for (const Node& node : graph_.nodes) {
+      if (node.op != "rotary_embedding" || node.inputs.empty()) continue;
+      const ValueId frequencies = node.inputs[0];
+      if (graph_.value(frequencies).kind == ValueKind::Weight && is_floating(graph_.value(frequencies).meta.dtype))
+        elems_[static_cast<size_t>(frequencies)] = Elem::F32;
+    }
+  }
+
+  // Every weight a node or the outputs read, in storage form, uploaded into one allocation.
+  void upload_weights(const std::vector<std::pair<ValueId, Tensor>>& binding) {
+    std::vector<Tensor> given(graph_.values.size());
+    for (const auto& [id, tensor] : binding) {
+      if (id < 0 || static_cast<size_t>(id) >= graph_.values.size() || graph_.value(id).kind != ValueKind::Weight)
+        fail(graph_.source + ": weight binding names value " + std::to_string(id) + ", which is not a weight");
+      const Value& value = graph_.value(id);
+      if (tensor.shape() != value.meta.shape)
+        fail(graph_.source + ": weight '" + value.weight_key + "' has shape " + shape_string(tensor.shape()) +
+             ", the graph expects " + shape_string(value.meta.shape));
+      given[static_cast<size_t>(id)] = tensor;
+    }
+    std::function<const Tensor&(ValueId, const std::string&)> value_of = [&](ValueId id,
+                                                                             const std::string& user) -> const Tensor& {
+      Tensor& slot = given[static_cast<size_t>(id)];
+      if (slot.defined()) return slot;
+      const Value& value = graph_.value(id);
+      for (const std::string* key : {&value.weight_key, &value.name})
+        if (auto it = graph_.constants.find(*key); it != graph_.constants.end()) return slot = it->second;
+      if (!value.transform)
+        fail(graph_.source + ": weight '" + (value.weight_key.empty() ? value.name : value.weight_key) + "' (used by " +
+             user + ") has no value");
+      std::vector<Tensor> sources;
+      for (int32_t source : value.transform->sources)
+        sources.push_back(source < 0 ? Tensor() : value_of(source, "the derived weight '" + value.name + "'"));
+      slot = apply_weight_transform(*value.transform, sources, value.name);
+      if (slot.shape() != value.meta.shape)
+        fail(graph_.source + ": weight transform '" + value.transform->kind + "' for '" + value.name + "' gave shape " +
+             shape_string(slot.shape()) + ", expected " + shape_string(value.meta.shape));
+      return slot;
+    };
+    std::vector<ValueId> used;
+    std::vector<bool> seen(graph_.values.size(), false);
+    auto use = [&](ValueId id, const std::string& user) {
+      if (graph_.value(id).kind != ValueKind::Weight || seen[static_cast<size_t>(id)]) return;
+      seen[static_cast<size_t>(id)] = true;
+      value_of(id, user);
+      used.push_back(id);
+    };
+    for (const Node& node : graph_.nodes)
+      for (ValueId id : node.inputs) use(id, "node '" + node.name + "'");
+    for (ValueId id : graph_.outputs) use(id, "the graph outputs");
+
+    size_t total = 0;
+    for (ValueId id : used) total += aligned(storage_bytes(id));
+    weight_memory_ = DeviceBuffer(total, graph_.source + ": weights");
+    weight_addresses_.assign(graph_.values.size(), nullptr);
+    size_t offset = 0;
+    for (ValueId id : used) {
+      const Elem elem = elem_of(id);
+      const Tensor& tensor = given[static_cast<size_t>(id)];
+      std::byte* address = weight_memory_.data() + offset;
+      const std::string where = graph_.source + ": uploading weight '" + graph_.value(id).name + "'";
+      if (tensor.dtype() == storage_dtype(elem)) {
+        upload(address, tensor.bytes(), storage_bytes(id), stream_, where);
+      } else {
+        std::vector<std::byte> bytes(storage_bytes(id));
+        cpu::tensor_to_storage(tensor, bytes.data(), elem);
+        upload(address, bytes.data(), bytes.size(), stream_, where);
+      }
+      weight_addresses_[static_cast<size_t>(id)] = address;
+      offset += aligned(storage_bytes(id));
+    }
+  }
+
+  // ---- memory: every live value its own arena slot (no reuse), views alias their input, state its own buffer ----
+
+  void place_values() {
+    addresses_.assign(graph_.values.size(), nullptr);
+    view_of_.assign(graph_.values.size(), kNoValue);
+    std::vector<bool> live(graph_.values.size(), false);
+    for (ValueId id : graph_.inputs) live[static_cast<size_t>(id)] = true;
+    for (const Node& node : graph_.nodes)
+      for (ValueId id : node.outputs) live[static_cast<size_t>(id)] = true;
+    std::vector<int64_t> offsets(graph_.values.size(), -1);
+    size_t arena_bytes = 0;
+    for (size_t i = 0; i < graph_.values.size(); ++i) {
+      const auto id = static_cast<ValueId>(i);
+      const Value& value = graph_.value(id);
+      if (value.kind == ValueKind::Weight) {
+        addresses_[i] = weight_addresses_[i];
+        continue;
+      }
+      if (!live[i] || state_of_value(id)) continue;
+      if (value.producer >= 0) {
+        const Node& producer = graph_.nodes[static_cast<size_t>(value.producer)];
+        if (output_aliases_input(producer, graph_) && valid_view(id, producer.inputs[0])) {
+          view_of_[i] = producer.inputs[0];
+          continue;
+        }
+      }
+      offsets[i] = static_cast<int64_t>(arena_bytes);
+      arena_bytes += aligned(std::max<size_t>(storage_bytes(id), 1));
+    }
+    arena_ = DeviceBuffer(arena_bytes, graph_.source + ": the activation arena");
+    for (size_t i = 0; i < graph_.values.size(); ++i)
+      if (offsets[i] >= 0) addresses_[i] = arena_.data() + offsets[i];
+    for (const StateSlot& slot : state_)
+      for (ValueId id : {slot.input, slot.output}) addresses_[static_cast<size_t>(id)] = slot.memory->data();
+    for (size_t i = 0; i < graph_.values.size(); ++i)
+      if (view_of_[i] != kNoValue && !addresses_[static_cast<size_t>(root_of(static_cast<ValueId>(i)))])
+        fail(graph_.source + ": value '" + graph_.values[i].name + "' is a view of a value with no memory");
+  }
+
+  bool valid_view(ValueId id, ValueId root) const {
+    if (root < 0 || static_cast<size_t>(root) >= graph_.values.size() || root == id) return false;
+    if (state_of_value(id)) return false;
+    return storage_bytes(root) == storage_bytes(id) && elem_of(root) == elem_of(id);
+  }
+
+  ValueId root_of(ValueId id) const {
+    for (size_t steps = 0; view_of_[static_cast<size_t>(id)] != kNoValue; ++steps) {
+      if (steps > graph_.values.size())
+        fail(graph_.source + ": the memory plan's views of '" + graph_.value(id).name + "' form a cycle");
+      id = view_of_[static_cast<size_t>(id)];
+    }
+    return id;
+  }
+
+  DeviceValue value_at(ValueId id) const {
+    return DeviceValue{addresses_[static_cast<size_t>(root_of(id))], elem_of(id), graph_.value(id).meta};
+  }
+
+  // ---- kernels ----
+
+  void build_kernels() {
+    kernels_.clear();
+    timings_.clear();
+    flags_ = DeviceBuffer(std::max<size_t>(graph_.nodes.size(), 1) * sizeof(int), graph_.source + ": error flags");
+    for (size_t n = 0; n < graph_.nodes.size(); ++n) {
+      const Node& node = graph_.nodes[n];
+      OpContext ctx{node, {}, {}, reinterpret_cast<int*>(flags_.data()) + n};
+      for (ValueId id : node.inputs) ctx.inputs.push_back(value_at(id));
+      for (ValueId id : node.outputs) ctx.outputs.push_back(value_at(id));
+      kernels_.push_back(make_kernel(ctx));
+      timings_.push_back({node.name, node.op, 0.0});
+    }
+    for (const StateSlot& slot : state_)
+      if (addresses_[static_cast<size_t>(root_of(slot.output))] != slot.memory->data())
+        fail(graph_.source + ": state '" + slot.input_name + "' is not updated in place");
+  }
+
+  // The op's CUDA kernel, or the host fallback. A factory that rejects the node's attributes leaves the verdict
+  // to the reference, which reports it with the node's name when the node runs.
+  PreparedNode make_kernel(const OpContext& ctx) {
+    auto it = op_table().find(ctx.node.op);
+    if (it != op_table().end()) {
+      try {
+        if (std::optional<Launch> launch = it->second(ctx)) return {&ctx.node, std::move(*launch), false};
+      } catch (const Error&) {
+      }
+    }
+    return {&ctx.node, host_launch(ctx), true};
+  }
+
+  bool can_capture() const {
+    if (!options_.use_graphs || profiling_ || !graphs_enabled_by_environment()) return false;
+    return std::none_of(kernels_.begin(), kernels_.end(), [](const PreparedNode& k) { return k.host; });
+  }
+
+  void enqueue_all(bool timed) {
+    const std::string where = graph_.source + ": clearing the error flags";
+    NPUSIM_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, flags_.size(), stream_), where);
+    if (timed) ensure_events();
+    for (size_t i = 0; i < kernels_.size(); ++i) {
+      try {
+        if (timed) NPUSIM_CUDA_CHECK(cudaEventRecord(events_[2 * i], stream_), "profiling");
+        kernels_[i].launch(stream_);
+        if (timed) NPUSIM_CUDA_CHECK(cudaEventRecord(events_[2 * i + 1], stream_), "profiling");
+      } catch (const Error& error) {
+        const Node& node = *kernels_[i].node;
+        fail(graph_.source + ": node '" + node.name + "' (" + node.source_op + "): " + error.what());
+      }
+    }
+  }
+
+  // One capture of the whole run; a capture that fails leaves the program running launch by launch.
+  void capture() {
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      cudaGetLastError();
+      options_.use_graphs = false;
+      return;
+    }
+    bool launched = true;
+    try {
+      enqueue_all(false);
+    } catch (const Error&) {
+      launched = false;
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (!launched || ended != cudaSuccess || !graph || cudaGraphInstantiate(&graph_exec_, graph, 0) != cudaSuccess) {
+      cudaGetLastError();
+      graph_exec_ = nullptr;
+      options_.use_graphs = false;
+    }
+    if (graph) cudaGraphDestroy(graph);
+  }
+
+  void release_graph() {
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    graph_exec_ = nullptr;
+  }
+
+  void ensure_events() {
+    if (events_.size() == 2 * kernels_.size()) return;
+    release_events();
+    events_.resize(2 * kernels_.size());
+    for (cudaEvent_t& event : events_) NPUSIM_CUDA_CHECK(cudaEventCreate(&event), "creating a profiling event");
+  }
+
+  void release_events() {
+    for (cudaEvent_t event : events_)
+      if (event) cudaEventDestroy(event);
+    events_.clear();
+  }
+
+  void read_timings() {
+    for (size_t i = 0; i < kernels_.size() && 2 * i + 1 < events_.size(); ++i) {
+      float ms = 0.0f;
+      NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]), "reading a profiling event");
+      timings_[i].milliseconds = ms;
+    }
+  }
+
+  void check_error_flags(const std::vector<int>& flags) const {
+    for (size_t i = 0; i < flags.size(); ++i)
+      if (flags[i])
+        fail(graph_.source + ": node '" + graph_.nodes[i].name + "' (" + graph_.nodes[i].source_op +
+             "): an index is out of range");
+  }
+
+  // ---- inputs and outputs ----
+
+  void copy_inputs(const std::map<std::string, Tensor>& inputs) {
+    for (const auto& [name, tensor] : inputs) find_io(graph_.inputs, name, "input");
+    if (state_.empty()) check_inputs(graph_, inputs);
+    for (ValueId id : graph_.inputs) {
+      const Value& value = graph_.value(id);
+      auto it = inputs.find(value.name);
+      if (it == inputs.end()) {
+        if (state_of_input(value.name)) continue;
+        fail("missing input '" + value.name + "' " + shape_string(value.meta.shape) + " " +
+             std::string(dtype_name(value.meta.dtype)));
+      }
+      const Tensor& tensor = it->second;
+      if (tensor.shape() != value.meta.shape)
+        fail("input '" + value.name + "' has shape " + shape_string(tensor.shape()) + ", the graph expects " +
+             shape_string(value.meta.shape));
+      if (reference_dtype(tensor.dtype()) != reference_dtype(value.meta.dtype))
+        fail("input '" + value.name + "' has dtype " + std::string(dtype_name(tensor.dtype())) +
+             ", the graph expects " + std::string(dtype_name(value.meta.dtype)));
+      const DeviceValue in = value_at(id);
+      std::vector<std::byte> bytes(in.bytes());
+      cpu::tensor_to_storage(tensor.to_reference(), bytes.data(), in.elem);
+      // From pageable memory the copy returns once the bytes are staged, so `bytes` may go right away.
+      if (!bytes.empty())
+        NPUSIM_CUDA_CHECK(cudaMemcpyAsync(in.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream_),
+                          graph_.source + ": copying input '" + value.name + "'");
+    }
+  }
+
+  NamedTensors collect_outputs() {
+    NamedTensors outputs;
+    std::vector<std::pair<ValueId, std::vector<std::byte>>> staged;
+    for (ValueId id : graph_.outputs) {
+      if (state_of_output(id)) continue;
+      const DeviceValue out = value_at(id);
+      std::vector<std::byte> bytes(out.bytes());
+      if (!bytes.empty())
+        NPUSIM_CUDA_CHECK(cudaMemcpyAsync(bytes.data(), out.data, bytes.size(), cudaMemcpyDeviceToHost, stream_),
+                          graph_.source + ": copying output '" + graph_.value(id).name + "'");
+      staged.emplace_back(id, std::move(bytes));
+    }
+    std::vector<int> flags(graph_.nodes.size());
+    if (!flags.empty())
+      NPUSIM_CUDA_CHECK(
+          cudaMemcpyAsync(flags.data(), flags_.data(), flags.size() * sizeof(int), cudaMemcpyDeviceToHost, stream_),
+          graph_.source + ": reading the error flags");
+    NPUSIM_CUDA_CHECK(cudaStreamSynchronize(stream_), graph_.source + ": running the program");
+    check_error_flags(flags);
+    for (const auto& [id, bytes] : staged)
+      outputs.emplace_back(graph_.value(id).name,
+                           cpu::storage_to_tensor(bytes.data(), elem_of(id), graph_.value(id).meta.shape));
+    return outputs;
+  }
+
+  ValueId find_io(const std::vector<ValueId>& ids, const std::string& name, const char* what) const {
+    for (ValueId id : ids)
+      if (graph_.value(id).name == name) return id;
+    fail(graph_.source + ": no graph " + what + " named '" + name + "'");
+  }
+
+  // ---- state ----
+
+  const StateSlot* state_of_input(const std::string& name) const {
+    for (const StateSlot& slot : state_)
+      if (slot.input_name == name) return &slot;
+    return nullptr;
+  }
+  const StateSlot* state_of_output(ValueId id) const {
+    for (const StateSlot& slot : state_)
+      if (slot.output == id) return &slot;
+    return nullptr;
+  }
+  const StateSlot* state_of_value(ValueId id) const {
+    for (const StateSlot& slot : state_)
+      if (slot.input == id || slot.output == id) return &slot;
+    return nullptr;
+  }
+
+  std::vector<StateSlot> resolve_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
+                                       const PreparedProgram* share_with) {
+    const auto* other = dynamic_cast<const CudaPreparedProgram*>(share_with);
+    if (share_with && !other) fail(graph_.source + ": state can only be shared with a program of the CUDA backend");
+    const std::vector<std::vector<int32_t>> readers = compiler::consumers(graph_);
+    std::vector<StateSlot> slots;
+    for (const auto& [input_name, output_name] : input_output_pairs) {
+      const ValueId input = find_io(graph_.inputs, input_name, "input");
+      const ValueId output = find_io(graph_.outputs, output_name, "output");
+      const std::string pair = "state '" + input_name + "' -> '" + output_name + "'";
+      bool repeated = state_of_input(input_name) != nullptr;
+      for (const StateSlot& slot : slots) repeated = repeated || slot.input == input || slot.output == output;
+      if (repeated) fail(graph_.source + ": " + pair + ": the input or the output is already state");
+      if (graph_.value(input).meta.shape != graph_.value(output).meta.shape || elem_of(input) != elem_of(output))
+        fail(graph_.source + ": " + pair + ": the input " + shape_string(graph_.value(input).meta.shape) +
+             " and the output " + shape_string(graph_.value(output).meta.shape) + " differ in shape or storage");
+      const int32_t producer = graph_.value(output).producer;
+      if (graph_.value(output).kind != ValueKind::NodeOutput || producer < 0 ||
+          plan_.values[static_cast<size_t>(output)].placement == Placement::View)
+        fail(graph_.source + ": " + pair + ": the output is not computed by a kernel of its own");
+      for (int32_t reader : readers[static_cast<size_t>(input)])
+        if (reader != producer)
+          fail(graph_.source + ": " + pair + ": node '" + graph_.nodes[static_cast<size_t>(reader)].name +
+               "' reads the input too, so it cannot be updated in place");
+      std::shared_ptr<DeviceBuffer> memory;
+      if (const StateSlot* shared = other ? other->state_of_input(input_name) : nullptr) {
+        if (shared->memory->size() != storage_bytes(input))
+          fail(graph_.source + ": " + pair + ": the shared state holds " + std::to_string(shared->memory->size()) +
+               " bytes, this program needs " + std::to_string(storage_bytes(input)));
+        memory = shared->memory;
+      }
+      slots.push_back({input_name, input, output, std::move(memory)});
+    }
+    for (StateSlot& slot : slots)
+      if (!slot.memory) {
+        slot.memory = std::make_shared<DeviceBuffer>(storage_bytes(slot.input),
+                                                     graph_.source + ": state '" + slot.input_name + "'");
+        NPUSIM_CUDA_CHECK(cudaMemset(slot.memory->data(), 0, slot.memory->size()), graph_.source + ": clearing state");
+        state_bytes_ += slot.memory->size();
+      }
+    return slots;
+  }
+
+  Graph graph_;
+  compiler::MemoryPlan plan_;
+  Elem floats_;
+  CudaOptions options_;
+  cudaStream_t stream_ = nullptr;
+  DeviceBuffer weight_memory_;
+  DeviceBuffer arena_;
+  DeviceBuffer flags_;
+  std::vector<StateSlot> state_;
+  size_t state_bytes_ = 0;
+  std::vector<Elem> elems_;                   // by ValueId: how each value is stored
+  std::vector<std::byte*> weight_addresses_;  // by ValueId
+  std::vector<std::byte*> addresses_;         // by ValueId; unused for views
+  std::vector<ValueId> view_of_;              // by ValueId: the value a view aliases, or kNoValue
+  std::vector<PreparedNode> kernels_;
+  std::vector<KernelTiming> timings_;
+  std::vector<cudaEvent_t> events_;
+  cudaGraphExec_t graph_exec_ = nullptr;
+  int64_t runs_ = 0;
+  bool profiling_ = false;
+};
+
+}  // namespace
+
+BackendCapabilities CudaBackend::capabilities() const {
+  BackendCapabilities caps;
+  caps.name = "cuda";
+  caps.compute_dtypes = {DType::Float32, DType::Float16, DType::BFloat16};
+  caps.ops = kernel_ops();
+  caps.reference_fallback = true;
+  return caps;
+}
+
+std::unique_ptr<PreparedProgram> CudaBackend::prepare(const Program& program,
+                                                      const std::vector<std::pair<ValueId, Tensor>>& weights) {
+  return std::make_unique<CudaPreparedProgram>(program, weights, options_);
+}
+
+std::unique_ptr<PreparedProgram> CudaBackend::prepare_with_state(
+    const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights,
+    const std::vector<std::pair<std::string, std::string>>& state, const PreparedProgram* share_with) {
+  return std::make_unique<CudaPreparedProgram>(program, weights, options_, state, share_with);
+}
+
+bool replays_graph(const PreparedProgram& program) {
+  const auto* cuda = dynamic_cast<const CudaPreparedProgram*>(&program);
+  return cuda && cuda->replays_graph();
+}
+
+std::string gpu_name() { return device_name(); }
+
+}  // namespace npusim::cuda

@@ -1,0 +1,43 @@
+#pragma once
+// The CUDA backend: device memory (one arena per program, weights uploaded once at prepare), one stream, a CUDA
+// kernel per node chosen at prepare time, nodes without one run on the host on the registry's reference (the
+// prepared program lists them), and the whole run captured once into a CUDA graph and replayed when every node
+// runs on the GPU.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+
+namespace npusim::cuda {
+
+struct CudaOptions {
+  // Fill all activation memory with 0xff bytes before every run (NaN for floats), so that an element a kernel
+  // forgets to write shows in the outputs.
+  bool poison_memory = false;
+  // Capture the run into a CUDA graph after the first run and replay it ($NPUSIM_CUDA_GRAPHS=0 turns it off).
+  bool use_graphs = true;
+};
+
+class CudaBackend : public Backend {
+ public:
+  explicit CudaBackend(CudaOptions options = {}) : options_(options) {}
+  BackendCapabilities capabilities() const override;
+  std::unique_ptr<PreparedProgram> prepare(const Program& program,
+                                           const std::vector<std::pair<ValueId, Tensor>>& weights) override;
+  std::unique_ptr<PreparedProgram> prepare_with_state(const Program& program,
+                                                      const std::vector<std::pair<ValueId, Tensor>>& weights,
+                                                      const std::vector<std::pair<std::string, std::string>>& state,
+                                                      const PreparedProgram* share_with = nullptr) override;
+
+ private:
+  CudaOptions options_;
+};
+
+// Whether a prepared program of this backend replays a captured CUDA graph (false before its first run).
+bool replays_graph(const PreparedProgram& program);
+
+// The GPU the backend runs on, as "NAME (sm_XY)"; fails with "cuda backend: no CUDA device: ..." without one.
+std::string gpu_name();
+
+}  // namespace npusim::cuda

@@ -1,0 +1,773 @@
+#include "backends/cuda/cuda_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <set>
+
+#include "backends/cuda/cuda_util.h"
+#include "backends/cuda/device_kernels.h"
+#include "ops/op_util.h"
+
+namespace npusim::cuda {
+
+namespace {
+
+static_assert(static_cast<int>(Elem::F32) == kF32 && static_cast<int>(Elem::F16) == kF16 &&
+              static_cast<int>(Elem::BF16) == kBF16 && static_cast<int>(Elem::I64) == kI64 &&
+              static_cast<int>(Elem::Bool) == kBool);
+
+int code(Elem elem) { return static_cast<int>(elem); }
+Operand operand(const DeviceValue& value) { return {value.data, code(value.elem)}; }
+Operand none() { return {nullptr, kF32}; }
+
+std::string where(const Node& node) { return "node '" + node.name + "' (" + node.op + ")"; }
+
+// A launcher's result, checked with the node's name.
+void checked(cudaError_t result, const char* launcher, const Node& node) { check_cuda(result, launcher, where(node)); }
+
+// Element strides of a contiguous shape.
+std::vector<int64_t> strides_of(const Shape& shape) { return contiguous_strides(shape); }
+
+// An indexer over `shape` with the operands' strides, dims of size 1 dropped and neighbouring dims that every
+// operand walks contiguously merged (fewer divisions per element); nothing when the rank stays too large.
+std::optional<Indexer> make_indexer(const Shape& shape, const std::vector<std::vector<int64_t>>& operand_strides) {
+  if (operand_strides.size() > 4) return std::nullopt;
+  Shape sizes;
+  std::vector<std::vector<int64_t>> strides(operand_strides.size());
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    const bool merge = !sizes.empty() && std::all_of(strides.begin(), strides.end(), [&](const auto& s) {
+      const size_t o = static_cast<size_t>(&s - strides.data());
+      return s.back() == operand_strides[o][d] * shape[d];
+    });
+    if (merge) {
+      sizes.back() *= shape[d];
+      for (size_t o = 0; o < strides.size(); ++o) strides[o].back() = operand_strides[o][d];
+      continue;
+    }
+    sizes.push_back(shape[d]);
+    for (size_t o = 0; o < strides.size(); ++o) strides[o].push_back(operand_strides[o][d]);
+  }
+  if (sizes.size() > static_cast<size_t>(kMaxRank)) return std::nullopt;
+  Indexer ix;
+  ix.rank = static_cast<int>(sizes.size());
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    ix.sizes[d] = sizes[d];
+    for (size_t o = 0; o < strides.size(); ++o) ix.strides[o][d] = strides[o][d];
+  }
+  return ix;
+}
+
+// ---- views and copies ----
+
+const std::set<std::string> kViewOps = {"reshape",   "flatten", "unflatten", "squeeze",
+                                        "unsqueeze", "alias",   "clone",     "dropout"};
+
+Launch copy_whole(const Node& node, const DeviceValue& in, const DeviceValue& out) {
+  return [node = &node, in, out](cudaStream_t stream) {
+    if (in.data == out.data && in.elem == out.elem) return;
+    if (in.elem == out.elem) {
+      check_cuda(cudaMemcpyAsync(out.data, in.data, out.bytes(), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync",
+                 where(*node));
+      return;
+    }
+    Indexer ix;
+    ix.rank = 1;
+    ix.sizes[0] = out.numel();
+    ix.strides[0][0] = ix.strides[1][0] = 1;
+    checked(launch_copy(stream, ix, out.data, code(out.elem), operand(in)), "launch_copy", *node);
+  };
+}
+
+std::optional<Launch> view_op(const OpContext& ctx) {
+  if (ctx.inputs.empty() || ctx.outputs.size() != 1 || ctx.inputs[0].numel() != ctx.outputs[0].numel())
+    return std::nullopt;
+  return copy_whole(ctx.node, ctx.inputs[0], ctx.outputs[0]);
+}
+
+std::optional<Launch> to_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1 || ctx.inputs[0].numel() != ctx.outputs[0].numel())
+    return std::nullopt;
+  return copy_whole(ctx.node, ctx.inputs[0], ctx.outputs[0]);
+}
+
+// The output as a strided view of the input: `strides` per output dim (in input elements) from `offset`.
+std::optional<Launch> strided_copy(const OpContext& ctx, const std::vector<int64_t>& strides, int64_t offset) {
+  const DeviceValue& in = ctx.inputs[0];
+  const DeviceValue& out = ctx.outputs[0];
+  const auto ix = make_indexer(out.meta.shape, {strides_of(out.meta.shape), strides});
+  if (!ix) return std::nullopt;
+  const Operand source{in.data + offset * static_cast<int64_t>(cpu::elem_size(in.elem)), code(in.elem)};
+  return [node = &ctx.node, ix = *ix, out, source](cudaStream_t stream) {
+    checked(launch_copy(stream, ix, out.data, code(out.elem), source), "launch_copy", *node);
+  };
+}
+
+// The input dim each output dim of a transpose, t or permute comes from.
+std::optional<std::vector<int64_t>> dim_order(const Node& node, const Shape& shape) {
+  const auto rank = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> order(shape.size());
+  for (size_t d = 0; d < order.size(); ++d) order[d] = static_cast<int64_t>(d);
+  const Attrs& a = node.attrs;
+  if (node.op == "transpose") {
+    if (rank == 0) return std::nullopt;
+    std::swap(order[static_cast<size_t>(ops::normalize_dim(a.get_int("dim0"), rank))],
+              order[static_cast<size_t>(ops::normalize_dim(a.get_int("dim1"), rank))]);
+  } else if (node.op == "t") {
+    if (rank == 2) std::swap(order[0], order[1]);
+  } else if (node.op == "permute") {
+    const std::vector<int64_t> dims = a.get_ints("dims");
+    if (static_cast<int64_t>(dims.size()) != rank) return std::nullopt;
+    for (size_t d = 0; d < dims.size(); ++d) order[d] = ops::normalize_dim(dims[d], rank);
+  } else {
+    return std::nullopt;
+  }
+  return order;
+}
+
+std::optional<Launch> transpose_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  const Shape& shape = ctx.inputs[0].meta.shape;
+  const auto found = dim_order(ctx.node, shape);
+  if (!found) return std::nullopt;
+  const std::vector<int64_t>& order = *found;
+  if (ctx.inputs[0].data == ctx.outputs[0].data && ctx.inputs[0].elem == ctx.outputs[0].elem)
+    return [](cudaStream_t) {};  // an alias: only dims of size 1 moved
+  const std::vector<int64_t> in_strides = strides_of(shape);
+  std::vector<int64_t> strides(order.size());
+  for (size_t d = 0; d < order.size(); ++d) strides[d] = in_strides[static_cast<size_t>(order[d])];
+  return strided_copy(ctx, strides, 0);
+}
+
+std::optional<Launch> expand_op(const OpContext& ctx) {
+  if (ctx.inputs.empty() || ctx.outputs.size() != 1) return std::nullopt;
+  return strided_copy(ctx, ops::broadcast_strides(ctx.inputs[0].meta.shape, ctx.outputs[0].meta.shape), 0);
+}
+
+int64_t clamp_start(int64_t start, int64_t size) {
+  if (start < 0) start += size;
+  return std::clamp<int64_t>(start, 0, size);
+}
+
+std::optional<Launch> slice_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  const Shape& shape = ctx.inputs[0].meta.shape;
+  const auto rank = static_cast<int64_t>(shape.size());
+  const Attrs& a = ctx.node.attrs;
+  const auto dim = static_cast<size_t>(ops::normalize_dim(a.get_int("dim", 0), rank));
+  std::vector<int64_t> strides = strides_of(shape);
+  int64_t start = 0;
+  if (ctx.node.op == "slice") {
+    const int64_t step = a.get_int("step", 1);
+    if (step < 1) return std::nullopt;
+    start = clamp_start(a.get_int("start", 0), shape[dim]);
+    const int64_t offset = start * strides[dim];
+    strides[dim] *= step;
+    return strided_copy(ctx, strides, offset);
+  }
+  if (ctx.node.op == "narrow") {
+    start = a.get_int("start");
+    if (start < 0) start += shape[dim];
+    return strided_copy(ctx, strides, start * strides[dim]);
+  }
+  // select: the dim disappears
+  int64_t index = a.get_int("index");
+  if (index < 0) index += shape[dim];
+  if (index < 0 || index >= shape[dim]) return std::nullopt;
+  const int64_t offset = index * strides[dim];
+  strides.erase(strides.begin() + static_cast<std::ptrdiff_t>(dim));
+  return strided_copy(ctx, strides, offset);
+}
+
+std::optional<Launch> cat_op(const OpContext& ctx) {
+  if (ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue out = ctx.outputs[0];
+  const Shape& shape = out.meta.shape;
+  if (shape.empty()) return std::nullopt;
+  const auto dim =
+      static_cast<size_t>(ops::normalize_dim(ctx.node.attrs.get_int("dim", 0), static_cast<int64_t>(shape.size())));
+  const std::vector<int64_t> out_strides = strides_of(shape);
+  struct Piece {
+    Indexer ix;
+    Operand source;
+    std::byte* dst;
+  };
+  std::vector<Piece> pieces;
+  int64_t along = 0;
+  for (const DeviceValue& in : ctx.inputs) {
+    if (in.meta.shape.size() != shape.size()) {
+      if (in.numel() == 0) continue;  // the legacy empty [0] tensor
+      return std::nullopt;
+    }
+    const auto ix = make_indexer(in.meta.shape, {out_strides, strides_of(in.meta.shape)});
+    if (!ix) return std::nullopt;
+    pieces.push_back(
+        {*ix, operand(in), out.data + along * out_strides[dim] * static_cast<int64_t>(cpu::elem_size(out.elem))});
+    along += in.meta.shape[dim];
+  }
+  if (along != shape[dim]) return std::nullopt;
+  return [node = &ctx.node, pieces, out](cudaStream_t stream) {
+    for (const Piece& piece : pieces)
+      checked(launch_copy(stream, piece.ix, piece.dst, code(out.elem), piece.source), "launch_copy", *node);
+  };
+}
+
+// ---- elementwise ----
+
+const std::map<std::string, BinaryOp> kBinaryOps = {
+    {"add", BinaryOp::Add},
+    {"sub", BinaryOp::Sub},
+    {"mul", BinaryOp::Mul},
+    {"div", BinaryOp::Div},
+    {"maximum", BinaryOp::Maximum},
+    {"minimum", BinaryOp::Minimum},
+    {"eq", BinaryOp::Eq},
+    {"ne", BinaryOp::Ne},
+    {"lt", BinaryOp::Lt},
+    {"le", BinaryOp::Le},
+    {"gt", BinaryOp::Gt},
+    {"ge", BinaryOp::Ge},
+    {"logical_and", BinaryOp::LogicalAnd},
+    {"logical_or", BinaryOp::LogicalOr},
+    {"bitwise_and", BinaryOp::BitwiseAnd},
+    {"bitwise_or", BinaryOp::BitwiseOr},
+    {"bitwise_xor", BinaryOp::BitwiseXor},
+    {"add_relu", BinaryOp::AddRelu},
+    {"silu_mul", BinaryOp::SiluMul},
+};
+
+bool is_comparison(BinaryOp op) {
+  return op == BinaryOp::Eq || op == BinaryOp::Ne || op == BinaryOp::Lt || op == BinaryOp::Le || op == BinaryOp::Gt ||
+         op == BinaryOp::Ge || op == BinaryOp::LogicalAnd || op == BinaryOp::LogicalOr;
+}
+
+std::optional<Launch> binary_op(const OpContext& ctx) {
+  const BinaryOp op = kBinaryOps.at(ctx.node.op);
+  const Attrs& a = ctx.node.attrs;
+  if (ctx.outputs.size() != 1 || ctx.inputs.empty() || ctx.inputs.size() > 2) return std::nullopt;
+  if (!a.is_none("rounding_mode")) return std::nullopt;
+  const DeviceValue out = ctx.outputs[0];
+  const DeviceValue& x = ctx.inputs[0];
+  const bool out_float = cpu::is_float_elem(out.elem);
+  const bool is_bitwise = op == BinaryOp::BitwiseAnd || op == BinaryOp::BitwiseOr || op == BinaryOp::BitwiseXor;
+  if (is_bitwise && out_float) return std::nullopt;
+  if (op == BinaryOp::Div && !out_float) return std::nullopt;
+  if (is_comparison(op) && out.elem != Elem::Bool) return std::nullopt;
+  double scalar = 0.0;
+  int64_t int_scalar = 0;
+  Operand second = none();
+  std::vector<std::vector<int64_t>> strides{strides_of(out.meta.shape),
+                                            ops::broadcast_strides(x.meta.shape, out.meta.shape)};
+  if (ctx.inputs.size() == 2) {
+    second = operand(ctx.inputs[1]);
+    strides.push_back(ops::broadcast_strides(ctx.inputs[1].meta.shape, out.meta.shape));
+  } else {
+    if (a.is_none("other")) return std::nullopt;
+    const bool float_scalar = !a.is_integer("other");
+    // Integer math with a fractional scalar, or an integer comparison with one, would need the promotion rules.
+    if (float_scalar && !cpu::is_float_elem(x.elem)) return std::nullopt;
+    scalar = a.get_float("other");
+    int_scalar = float_scalar ? 0 : a.get_int("other");
+    strides.push_back(std::vector<int64_t>(out.meta.shape.size(), 0));
+  }
+  double alpha = 1.0;
+  int64_t int_alpha = 1;
+  if (!a.is_none("alpha")) {
+    if (op != BinaryOp::Add && op != BinaryOp::Sub) return std::nullopt;
+    alpha = a.get_float("alpha");
+    if (!out_float) {
+      if (!a.is_integer("alpha")) return std::nullopt;
+      int_alpha = a.get_int("alpha");
+    }
+  }
+  const auto ix = make_indexer(out.meta.shape, strides);
+  if (!ix) return std::nullopt;
+  return [node = &ctx.node, op, ix = *ix, out, first = operand(x), second, scalar, int_scalar, alpha,
+          int_alpha](cudaStream_t stream) {
+    checked(
+        launch_binary(stream, op, ix, out.data, code(out.elem), first, second, scalar, int_scalar, alpha, int_alpha),
+        "launch_binary", *node);
+  };
+}
+
+std::optional<UnaryOp> unary_of(const std::string& op, const Attrs& attrs) {
+  if (op == "relu") return UnaryOp::Relu;
+  if (op == "silu") return UnaryOp::Silu;
+  if (op == "sigmoid") return UnaryOp::Sigmoid;
+  if (op == "tanh") return UnaryOp::Tanh;
+  if (op == "neg") return UnaryOp::Neg;
+  if (op == "exp") return UnaryOp::Exp;
+  if (op == "gelu") {
+    const std::string approximate = attrs.is_none("approximate") ? "none" : attrs.get_string("approximate");
+    if (approximate == "none") return UnaryOp::Gelu;
+    if (approximate == "tanh") return UnaryOp::GeluTanh;
+  }
+  return std::nullopt;
+}
+
+std::optional<Launch> unary_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue in = ctx.inputs[0], out = ctx.outputs[0];
+  if (!cpu::is_float_elem(in.elem) || !cpu::is_float_elem(out.elem) || in.numel() != out.numel()) return std::nullopt;
+  const auto op = unary_of(ctx.node.op, ctx.node.attrs);
+  if (!op) return std::nullopt;
+  return [node = &ctx.node, op = *op, in, out](cudaStream_t stream) {
+    checked(launch_unary(stream, op, out.numel(), out.data, code(out.elem), operand(in)), "launch_unary", *node);
+  };
+}
+
+std::optional<Launch> where_op(const OpContext& ctx) {
+  if (ctx.outputs.size() != 1 || ctx.inputs.size() < 2 || ctx.inputs.size() > 3) return std::nullopt;
+  const DeviceValue out = ctx.outputs[0];
+  const Shape& shape = out.meta.shape;
+  std::vector<std::vector<int64_t>> strides{strides_of(shape)};
+  for (const DeviceValue& in : ctx.inputs) strides.push_back(ops::broadcast_strides(in.meta.shape, shape));
+  double other = 0.0;
+  Operand b = none();
+  if (ctx.inputs.size() == 3) {
+    b = operand(ctx.inputs[2]);
+  } else {
+    if (ctx.node.attrs.is_none("other")) return std::nullopt;
+    if (!cpu::is_float_elem(out.elem) && !ctx.node.attrs.is_integer("other")) return std::nullopt;
+    other = ctx.node.attrs.get_float("other");
+    strides.push_back(std::vector<int64_t>(shape.size(), 0));
+  }
+  const auto ix = make_indexer(shape, strides);
+  if (!ix) return std::nullopt;
+  return [node = &ctx.node, ix = *ix, out, cond = operand(ctx.inputs[0]), a = operand(ctx.inputs[1]), b,
+          other](cudaStream_t stream) {
+    checked(launch_where(stream, ix, out.data, code(out.elem), cond, a, b, other), "launch_where", *node);
+  };
+}
+
+// ---- LLM ops ----
+
+std::optional<Launch> rope_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue out = ctx.outputs[0];
+  const Shape& shape = out.meta.shape;
+  if (shape.empty() || ctx.inputs[0].meta.shape != shape) return std::nullopt;
+  const auto ix = make_indexer(
+      shape, {strides_of(shape), strides_of(shape), ops::broadcast_strides(ctx.inputs[1].meta.shape, shape),
+              ops::broadcast_strides(ctx.inputs[2].meta.shape, shape)});
+  if (!ix) return std::nullopt;
+  return [node = &ctx.node, ix = *ix, out, width = shape.back(), x = operand(ctx.inputs[0]),
+          cos = operand(ctx.inputs[1]), sin = operand(ctx.inputs[2])](cudaStream_t stream) {
+    checked(launch_rope(stream, ix, width, out.data, code(out.elem), x, cos, sin), "launch_rope", *node);
+  };
+}
+
+double machine_epsilon(DType dtype) {
+  switch (dtype) {
+    case DType::Float16:
+      return 0.0009765625;
+    case DType::BFloat16:
+      return 0.0078125;
+    case DType::Float64:
+      return std::numeric_limits<double>::epsilon();
+    default:
+      return std::numeric_limits<float>::epsilon();
+  }
+}
+
+std::optional<Launch> rms_norm_op(const OpContext& ctx) {
+  if (ctx.outputs.size() != 1 || ctx.inputs.empty()) return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], out = ctx.outputs[0];
+  const std::vector<int64_t> normalized = ctx.node.attrs.get_ints("normalized_shape");
+  if (normalized.size() > x.meta.shape.size()) return std::nullopt;
+  int64_t row_size = 1;
+  for (int64_t size : normalized) row_size *= size;
+  if (row_size == 0 || !cpu::is_float_elem(x.elem)) return std::nullopt;
+  const Operand weight = ctx.inputs.size() == 2 ? operand(ctx.inputs[1]) : none();
+  if (ctx.inputs.size() == 2 && ctx.inputs[1].numel() != row_size) return std::nullopt;
+  const double eps = ctx.node.attrs.is_none("eps") ? machine_epsilon(out.meta.dtype) : ctx.node.attrs.get_float("eps");
+  const int64_t rows = x.numel() / row_size;
+  return [node = &ctx.node, rows, row_size, eps, out, x, weight](cudaStream_t stream) {
+    checked(launch_rms_norm(stream, rows, row_size, eps, out.data, code(out.elem), operand(x), weight),
+            "launch_rms_norm", *node);
+  };
+}
+
+std::optional<Launch> embedding_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 2 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue table = ctx.inputs[0], indices = ctx.inputs[1], out = ctx.outputs[0];
+  if (table.meta.shape.size() != 2 || indices.elem != Elem::I64) return std::nullopt;
+  return [node = &ctx.node, table, indices, out, error = ctx.error_flag](cudaStream_t stream) {
+    checked(launch_embedding(stream, indices.numel(), table.meta.shape[0], table.meta.shape[1], out.data,
+                             code(out.elem), operand(table), reinterpret_cast<const int64_t*>(indices.data), error),
+            "launch_embedding", *node);
+  };
+}
+
+std::optional<Launch> index_copy_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue self = ctx.inputs[0], index = ctx.inputs[1], source = ctx.inputs[2], out = ctx.outputs[0];
+  const Shape& shape = self.meta.shape;
+  if (shape.empty() || index.elem != Elem::I64 || index.meta.shape.size() > 1) return std::nullopt;
+  const auto dim =
+      static_cast<size_t>(ops::normalize_dim(ctx.node.attrs.get_int("dim"), static_cast<int64_t>(shape.size())));
+  int64_t outer = 1, inner = 1;
+  for (size_t d = 0; d < dim; ++d) outer *= shape[d];
+  for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t count = index.numel();
+  if (source.numel() != outer * count * inner) return std::nullopt;
+  const Launch copy = copy_whole(ctx.node, self, out);
+  return [node = &ctx.node, copy, outer, dim_size = shape[dim], inner, count, out, source, index,
+          error = ctx.error_flag](cudaStream_t stream) {
+    copy(stream);
+    checked(launch_index_copy(stream, outer, dim_size, inner, count, out.data, code(out.elem), operand(source),
+                              reinterpret_cast<const int64_t*>(index.data), error),
+            "launch_index_copy", *node);
+  };
+}
+
+// self[i0, i1, ...] with index tensors on self's leading dims (no None slots).
+std::optional<Launch> index_op(const OpContext& ctx) {
+  if (ctx.outputs.size() != 1 || ctx.inputs.size() < 2 || ctx.inputs.size() > 4) return std::nullopt;
+  if (!ctx.node.attrs.is_none("_tensor_list_none_masks")) return std::nullopt;
+  const DeviceValue self = ctx.inputs[0], out = ctx.outputs[0];
+  const size_t count = ctx.inputs.size() - 1;
+  if (count > self.meta.shape.size()) return std::nullopt;
+  Shape broadcast = ctx.inputs[1].meta.shape;
+  for (size_t t = 1; t <= count; ++t) {
+    if (ctx.inputs[t].elem != Elem::I64) return std::nullopt;
+    broadcast = ops::broadcast_shapes(broadcast, ctx.inputs[t].meta.shape);
+  }
+  const std::vector<int64_t> self_strides = strides_of(self.meta.shape);
+  GatherParams g;
+  g.count = static_cast<int>(count);
+  g.inner = count < self.meta.shape.size() ? self_strides[count - 1] : 1;
+  std::vector<std::vector<int64_t>> strides{strides_of(broadcast)};
+  for (size_t t = 0; t < count; ++t) {
+    g.index[t] = reinterpret_cast<const int64_t*>(ctx.inputs[t + 1].data);
+    g.dim_size[t] = self.meta.shape[t];
+    g.dim_stride[t] = self_strides[t];
+    strides.push_back(ops::broadcast_strides(ctx.inputs[t + 1].meta.shape, broadcast));
+  }
+  if (shape_numel(broadcast) * g.inner != out.numel()) return std::nullopt;
+  const auto ix = make_indexer(broadcast, strides);
+  if (!ix) return std::nullopt;
+  return [node = &ctx.node, ix = *ix, g, out, self, error = ctx.error_flag](cudaStream_t stream) {
+    checked(launch_index(stream, ix, g, out.data, code(out.elem), operand(self), error), "launch_index", *node);
+  };
+}
+
+std::optional<Launch> rotary_embedding_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 2 || ctx.outputs.size() != 2) return std::nullopt;
+  const DeviceValue frequencies = ctx.inputs[0], positions = ctx.inputs[1], cos = ctx.outputs[0], sin = ctx.outputs[1];
+  if (!cpu::is_float_elem(frequencies.elem) || positions.elem != Elem::I64 || cos.elem != sin.elem) return std::nullopt;
+  const int64_t half = frequencies.numel();
+  if (cos.numel() != positions.numel() * 2 * half || sin.numel() != cos.numel()) return std::nullopt;
+  const auto scaling = static_cast<float>(ctx.node.attrs.get_float("attention_scaling", 1.0));
+  return [node = &ctx.node, frequencies, positions, cos, sin, half, scaling](cudaStream_t stream) {
+    checked(launch_rotary_embedding(stream, positions.numel(), half, scaling, cos.data, sin.data, code(cos.elem),
+                                    operand(frequencies), reinterpret_cast<const int64_t*>(positions.data)),
+            "launch_rotary_embedding", *node);
+  };
+}
+
+std::optional<Launch> softmax_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], out = ctx.outputs[0];
+  const auto rank = static_cast<int64_t>(x.meta.shape.size());
+  if (rank == 0 || !cpu::is_float_elem(x.elem) || !cpu::is_float_elem(out.elem)) return std::nullopt;
+  if (ops::normalize_dim(ctx.node.attrs.get_int("dim"), rank) != rank - 1) return std::nullopt;
+  const int64_t width = x.meta.shape.back();
+  if (width == 0) return std::nullopt;
+  return [node = &ctx.node, x, out, width](cudaStream_t stream) {
+    checked(launch_softmax(stream, x.numel() / width, width, out.data, code(out.elem), operand(x)), "launch_softmax",
+            *node);
+  };
+}
+
+std::optional<Launch> attention_op(const OpContext& ctx) {
+  const Attrs& a = ctx.node.attrs;
+  if (ctx.outputs.size() != 1 || ctx.inputs.size() < 3) return std::nullopt;
+  const DeviceValue q = ctx.inputs[0], k = ctx.inputs[1], v = ctx.inputs[2], out = ctx.outputs[0];
+  const size_t rank = q.meta.shape.size();
+  if (rank < 3 || rank > 4) return std::nullopt;
+  AttentionParams p{};
+  p.batch = rank == 4 ? q.meta.shape[0] : 1;
+  p.q_heads = q.meta.shape[rank - 3];
+  p.k_heads = k.meta.shape[rank - 3];
+  p.v_heads = v.meta.shape[rank - 3];
+  p.length = q.meta.shape[rank - 2];
+  p.embed = q.meta.shape[rank - 1];
+  p.source = k.meta.shape[rank - 2];
+  p.value_embed = v.meta.shape[rank - 1];
+  if (p.embed + p.source > attention_max_source() || p.k_heads == 0 || p.v_heads == 0) return std::nullopt;
+  p.scale =
+      static_cast<float>(a.is_none("scale") ? 1.0 / std::sqrt(static_cast<double>(p.embed)) : a.get_float("scale"));
+  p.causal = a.get_bool("is_causal", false);
+  p.zero_masked_rows = a.get_bool("zero_masked_rows", false);
+  size_t next = 3;
+  if (a.get_bool("has_mask", false)) {
+    const DeviceValue& mask = ctx.inputs[next++];
+    Shape scores{p.batch, p.q_heads, p.length, p.source};
+    const std::vector<int64_t> s = ops::broadcast_strides(mask.meta.shape, scores);
+    p.mask = mask.data;
+    p.mask_elem = code(mask.elem);
+    p.mask_batch_stride = s[0];
+    p.mask_head_stride = s[1];
+    p.mask_row_stride = s[2];
+    p.mask_column_stride = s[3];
+  }
+  if (a.get_bool("has_cache_position", false)) {
+    const DeviceValue& position = ctx.inputs[next++];
+    if (position.elem != Elem::I64) return std::nullopt;
+    p.cache_position = reinterpret_cast<const int64_t*>(position.data);
+    p.cache_position_count = position.numel();
+  }
+  if (next != ctx.inputs.size()) return std::nullopt;
+  std::shared_ptr<DeviceBuffer> scratch;
+  if (const int64_t floats = attention_scratch_floats(p); floats > 0)
+    scratch = std::make_shared<DeviceBuffer>(static_cast<size_t>(floats) * sizeof(float),
+                                             where(ctx.node) + ": attention partials");
+  return [node = &ctx.node, p, out, q, k, v, scratch](cudaStream_t stream) {
+    checked(launch_attention(stream, p, out.data, code(out.elem), operand(q), operand(k), operand(v),
+                             scratch ? reinterpret_cast<float*>(scratch->data()) : nullptr),
+            "launch_attention", *node);
+  };
+}
+
+// ---- GEMM ----
+
+std::optional<Launch> linear_op(const OpContext& ctx) {
+  if (ctx.inputs.size() < 2 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], w = ctx.inputs[1], out = ctx.outputs[0];
+  if (w.meta.shape.size() != 2 || x.meta.shape.empty()) return std::nullopt;
+  const int64_t n = w.meta.shape[0], k = w.meta.shape[1];
+  if (x.meta.shape.back() != k || !cpu::is_float_elem(x.elem) || !cpu::is_float_elem(out.elem)) return std::nullopt;
+  const int64_t m = k > 0 ? x.numel() / k : 0;
+  const Operand bias = ctx.inputs.size() == 3 ? operand(ctx.inputs[2]) : none();
+  const bool one_type = x.elem == w.elem && w.elem == out.elem;
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+  if (one_type && aligned && m == 1 && n > 0 && gemv_supports(k, code(out.elem))) {
+    return [node = &ctx.node, n, k, x, w, out, bias](cudaStream_t stream) {
+      checked(launch_gemv(stream, n, k, out.data, code(out.elem), x.data, w.data, bias), "launch_gemv", *node);
+    };
+  }
+  Blas* blas = Blas::instance();
+  const bool library =
+      blas && one_type && k > 0 && m > 0 && n > 0 && std::max({m, n, k}) < std::numeric_limits<int>::max();
+  if (library) {
+    return [node = &ctx.node, blas, m, n, k, x, w, out, bias](cudaStream_t stream) {
+      blas->linear(stream, m, n, k, x.data, w.data, out.data, code(out.elem), where(*node));
+      if (bias.data)
+        checked(launch_bias_activation(stream, m, n, out.data, code(out.elem), bias, UnaryOp::Identity),
+                "launch_bias_activation", *node);
+    };
+  }
+  return [node = &ctx.node, m, n, k, x, w, out, bias](cudaStream_t stream) {
+    checked(launch_linear(stream, m, n, k, out.data, code(out.elem), operand(x), operand(w), bias), "launch_linear",
+            *node);
+  };
+}
+
+// ---- CNN ----
+
+std::vector<int64_t> pair_of(const Attrs& attrs, const std::string& name, std::vector<int64_t> fallback) {
+  std::vector<int64_t> values = attrs.get_ints(name, std::move(fallback));
+  if (values.size() == 1) values.push_back(values[0]);
+  return values;
+}
+
+// A convolution of one group as GEMMs on the library: per sample out[Cout, pixels] = W[Cout, K] · col[K, pixels],
+// where col is the input itself for a pointwise convolution and im2col's columns otherwise; bias, residual and
+// activation follow in one elementwise pass.
+std::optional<Launch> conv_as_gemm(const OpContext& ctx, const ConvParams& p, const DeviceValue& x,
+                                   const DeviceValue& w, const DeviceValue& out, Operand bias, Operand residual) {
+  Blas* blas = Blas::instance();
+  if (!blas || p.groups != 1 || x.elem != w.elem || w.elem != out.elem || !cpu::is_float_elem(out.elem))
+    return std::nullopt;
+  const int64_t pixels = p.out_h * p.out_w, depth = p.in_channels * p.kernel_h * p.kernel_w;
+  if (pixels == 0 || depth == 0 || p.out_channels == 0 || p.batch == 0) return std::nullopt;
+  if (std::max({pixels, depth, p.out_channels}) >= std::numeric_limits<int>::max()) return std::nullopt;
+  const bool pointwise =
+      p.kernel_h == 1 && p.kernel_w == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
+  const auto elem_bytes = static_cast<int64_t>(cpu::elem_size(out.elem));
+  std::shared_ptr<DeviceBuffer> columns;
+  if (!pointwise)
+    columns = std::make_shared<DeviceBuffer>(static_cast<size_t>(depth * pixels * elem_bytes),
+                                             where(ctx.node) + ": im2col columns");
+  const bool epilogue = bias.data || residual.data || p.activation != UnaryOp::Identity || p.use_clamp;
+  return [node = &ctx.node, blas, p, x, w, out, bias, residual, columns, pixels, depth, elem_bytes,
+          epilogue](cudaStream_t stream) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const Operand sample{x.data + b * p.in_channels * p.in_h * p.in_w * elem_bytes, code(x.elem)};
+      const void* col = sample.data;
+      if (columns) {
+        checked(launch_im2col(stream, p, columns->data(), sample), "launch_im2col", *node);
+        col = columns->data();
+      }
+      blas->matmul(stream, p.out_channels, pixels, depth, w.data, col,
+                   out.data + b * p.out_channels * pixels * elem_bytes, code(out.elem), where(*node));
+    }
+    if (epilogue)
+      checked(launch_conv_epilogue(stream, p, out.data, code(out.elem), bias, residual), "launch_conv_epilogue", *node);
+  };
+}
+
+std::optional<Launch> conv_op(const OpContext& ctx) {
+  const Attrs& a = ctx.node.attrs;
+  if (ctx.outputs.size() != 1 || ctx.inputs.size() < 2) return std::nullopt;
+  if (!a.is_none("padding_mode")) return std::nullopt;
+  const bool fused = ctx.node.op == "fused_conv2d";
+  const bool has_bias = fused ? a.get_bool("has_bias", false) : ctx.inputs.size() == 3;
+  const bool has_residual = fused && a.get_bool("has_residual", false);
+  if (ctx.inputs.size() != 2 + (has_bias ? 1u : 0u) + (has_residual ? 1u : 0u)) return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], w = ctx.inputs[1], out = ctx.outputs[0];
+  const Shape& xs = x.meta.shape;
+  const Shape& ws = w.meta.shape;
+  const Shape& os = out.meta.shape;
+  if (ws.size() != 4 || (xs.size() != 4 && xs.size() != 3) || os.size() != xs.size()) return std::nullopt;
+  const size_t first = xs.size() - 3;
+  ConvParams p{};
+  p.batch = xs.size() == 4 ? xs[0] : 1;
+  p.in_channels = xs[first];
+  p.in_h = xs[first + 1];
+  p.in_w = xs[first + 2];
+  p.out_channels = os[first];
+  p.out_h = os[first + 1];
+  p.out_w = os[first + 2];
+  p.kernel_h = ws[2];
+  p.kernel_w = ws[3];
+  const auto stride = pair_of(a, "stride", {1}), padding = pair_of(a, "padding", {0}),
+             dilation = pair_of(a, "dilation", {1});
+  if (stride.size() != 2 || padding.size() != 2 || dilation.size() != 2) return std::nullopt;
+  p.stride_h = stride[0];
+  p.stride_w = stride[1];
+  p.pad_h = padding[0];
+  p.pad_w = padding[1];
+  p.dilation_h = dilation[0];
+  p.dilation_w = dilation[1];
+  p.groups = a.get_int("groups", 1);
+  p.activation = UnaryOp::Identity;
+  if (fused) {
+    const std::string activation = a.get_string("activation");
+    if (activation == "hardtanh") {
+      p.use_clamp = true;
+      p.min_val = static_cast<float>(a.get_float("min_val", -1.0));
+      p.max_val = static_cast<float>(a.get_float("max_val", 1.0));
+    } else if (activation != "none") {
+      const auto op = unary_of(activation, a);
+      if (!op) return std::nullopt;
+      p.activation = *op;
+    }
+  }
+  const Operand bias = has_bias ? operand(ctx.inputs[2]) : none();
+  const Operand residual = has_residual ? operand(ctx.inputs.back()) : none();
+  if (auto gemm = conv_as_gemm(ctx, p, x, w, out, bias, residual)) return gemm;
+  return [node = &ctx.node, p, out, x, w, bias, residual](cudaStream_t stream) {
+    checked(launch_conv2d(stream, p, out.data, code(out.elem), operand(x), operand(w), bias, residual), "launch_conv2d",
+            *node);
+  };
+}
+
+std::optional<Launch> max_pool_op(const OpContext& ctx) {
+  const Attrs& a = ctx.node.attrs;
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], out = ctx.outputs[0];
+  const Shape& xs = x.meta.shape;
+  const Shape& os = out.meta.shape;
+  if ((xs.size() != 4 && xs.size() != 3) || os.size() != xs.size()) return std::nullopt;
+  const auto kernel = pair_of(a, "kernel_size", {});
+  auto stride = pair_of(a, "stride", {});
+  if (stride.empty()) stride = kernel;
+  const auto padding = pair_of(a, "padding", {0}), dilation = pair_of(a, "dilation", {1});
+  if (kernel.size() != 2 || stride.size() != 2 || padding.size() != 2 || dilation.size() != 2) return std::nullopt;
+  const size_t r = xs.size();
+  PoolParams p{};
+  p.planes = x.numel() / (xs[r - 2] * xs[r - 1] == 0 ? 1 : xs[r - 2] * xs[r - 1]);
+  p.in_h = xs[r - 2];
+  p.in_w = xs[r - 1];
+  p.out_h = os[r - 2];
+  p.out_w = os[r - 1];
+  p.kernel_h = kernel[0];
+  p.kernel_w = kernel[1];
+  p.stride_h = stride[0];
+  p.stride_w = stride[1];
+  p.pad_h = padding[0];
+  p.pad_w = padding[1];
+  p.dilation_h = dilation[0];
+  p.dilation_w = dilation[1];
+  if (p.in_h * p.in_w == 0) return std::nullopt;
+  return [node = &ctx.node, p, out, x](cudaStream_t stream) {
+    checked(launch_max_pool2d(stream, p, out.data, code(out.elem), operand(x)), "launch_max_pool2d", *node);
+  };
+}
+
+std::optional<Launch> adaptive_avg_pool_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], out = ctx.outputs[0];
+  const Shape& xs = x.meta.shape;
+  const Shape& os = out.meta.shape;
+  if ((xs.size() != 4 && xs.size() != 3) || os.size() != xs.size()) return std::nullopt;
+  const size_t r = xs.size();
+  const int64_t in_h = xs[r - 2], in_w = xs[r - 1], out_h = os[r - 2], out_w = os[r - 1];
+  if (in_h * in_w == 0 || out_h * out_w == 0) return std::nullopt;
+  const int64_t planes = x.numel() / (in_h * in_w);
+  return [node = &ctx.node, planes, in_h, in_w, out_h, out_w, out, x](cudaStream_t stream) {
+    checked(launch_adaptive_avg_pool2d(stream, planes, in_h, in_w, out_h, out_w, out.data, code(out.elem), operand(x)),
+            "launch_adaptive_avg_pool2d", *node);
+  };
+}
+
+std::map<std::string, OpFactory> build_table() {
+  std::map<std::string, OpFactory> table;
+  for (const std::string& op : kViewOps) table[op] = view_op;
+  table["to"] = to_op;
+  for (const char* op : {"transpose", "permute", "t"}) table[op] = transpose_op;
+  table["expand"] = expand_op;
+  for (const char* op : {"slice", "select", "narrow"}) table[op] = slice_op;
+  table["cat"] = cat_op;
+  for (const auto& [name, op] : kBinaryOps) table[name] = binary_op;
+  for (const char* op : {"relu", "silu", "sigmoid", "tanh", "gelu", "neg", "exp"}) table[op] = unary_op;
+  table["where"] = where_op;
+  table["rope"] = rope_op;
+  table["rms_norm"] = rms_norm_op;
+  table["embedding"] = embedding_op;
+  table["index_copy"] = index_copy_op;
+  table["index"] = index_op;
+  table["rotary_embedding"] = rotary_embedding_op;
+  table["softmax"] = softmax_op;
+  table["attention"] = attention_op;
+  table["linear"] = linear_op;
+  table["conv2d"] = conv_op;
+  table["fused_conv2d"] = conv_op;
+  table["max_pool2d"] = max_pool_op;
+  table["adaptive_avg_pool2d"] = adaptive_avg_pool_op;
+  return table;
+}
+
+}  // namespace
+
+const std::map<std::string, OpFactory>& op_table() {
+  static const std::map<std::string, OpFactory> table = build_table();
+  return table;
+}
+
+std::vector<std::string> kernel_ops() {
+  std::vector<std::string> ops;
+  for (const auto& [name, factory] : op_table()) ops.push_back(name);
+  return ops;
+}
+
+bool output_aliases_input(const Node& node, const Graph& graph) {
+  if (node.inputs.empty() || node.outputs.size() != 1) return false;
+  if (kViewOps.count(node.op)) return true;
+  const Shape& shape = graph.value(node.inputs[0]).meta.shape;
+  const auto order = dim_order(node, shape);
+  if (!order) return false;
+  int64_t last = -1;
+  for (int64_t d : *order) {
+    if (shape[static_cast<size_t>(d)] == 1) continue;
+    if (d < last) return false;
+    last = d;
+  }
+  return true;
+}
+
+}  // namespace npusim::cuda

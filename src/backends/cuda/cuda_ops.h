@@ -1,0 +1,49 @@
+#pragma once
+// The CUDA backend's kernels by canonical op. A factory looks at one node at prepare time (shapes, storage,
+// attributes, device addresses) and returns a launch with everything precomputed, or nothing when it does not
+// handle that case (the node then runs on the host, on the registry's reference implementation).
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/storage.h"
+#include "npusim/graph.h"
+
+namespace npusim::cuda {
+
+using cpu::Elem;
+
+// One value on the device as a kernel sees it.
+struct DeviceValue {
+  std::byte* data = nullptr;
+  Elem elem = Elem::F32;
+  TensorMeta meta;
+
+  int64_t numel() const { return shape_numel(meta.shape); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * cpu::elem_size(elem); }
+};
+
+struct OpContext {
+  const Node& node;
+  std::vector<DeviceValue> inputs;
+  std::vector<DeviceValue> outputs;
+  int* error_flag = nullptr;  // device int a kernel sets when an index is out of range
+};
+
+// Enqueues the node's work on the stream; throws npusim::Error when a launch fails.
+using Launch = std::function<void(cudaStream_t)>;
+using OpFactory = std::function<std::optional<Launch>(const OpContext&)>;
+
+// Every op with a CUDA kernel.
+const std::map<std::string, OpFactory>& op_table();
+std::vector<std::string> kernel_ops();
+
+// Whether the node's output is its first input's bytes reinterpreted (reshapes, and transposes that only move
+// dims of size 1), so that it may alias the input and its kernel copies nothing.
+bool output_aliases_input(const Node& node, const Graph& graph);
+
+}  // namespace npusim::cuda

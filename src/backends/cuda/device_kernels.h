@@ -1,0 +1,153 @@
+#pragma once
+// The CUDA kernels as host-callable launchers, with plain types only so that nvcc and the host compiler both read
+// this header. Element codes are those of cpu::Elem (F32, F16, BF16, I64, Bool); floats compute in fp32.
+// Every launcher enqueues on `stream` and returns cudaGetLastError()'s code (0 on success).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace npusim::cuda {
+
+constexpr int kMaxRank = 8;
+enum ElemCode : int { kF32 = 0, kF16 = 1, kBF16 = 2, kI64 = 3, kBool = 4 };
+
+// A logical shape and, per operand, element strides (0 where an operand broadcasts). Operand 0 is the output.
+struct Indexer {
+  int rank = 0;
+  int64_t sizes[kMaxRank] = {};
+  int64_t strides[4][kMaxRank] = {};
+};
+
+struct Operand {
+  const void* data = nullptr;
+  int elem = kF32;
+};
+
+enum class BinaryOp : int {
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Maximum,
+  Minimum,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  LogicalAnd,
+  LogicalOr,
+  BitwiseAnd,
+  BitwiseOr,
+  BitwiseXor,
+  AddRelu,
+  SiluMul,
+};
+enum class UnaryOp : int { Relu, Silu, Sigmoid, Tanh, Gelu, GeluTanh, Neg, Exp, Identity };
+
+// out[i] = src[j] over the indexer's shape (operand 0 = dst, 1 = src), converting elements.
+cudaError_t launch_copy(cudaStream_t stream, const Indexer& index, void* dst, int dst_elem, Operand src);
+// out = a op b (b may be a scalar: b.data null, the scalar given as double and int64), with add/sub's alpha.
+cudaError_t launch_binary(cudaStream_t stream, BinaryOp op, const Indexer& index, void* out, int out_elem, Operand a,
+                          Operand b, double scalar, int64_t int_scalar, double alpha, int64_t int_alpha);
+cudaError_t launch_unary(cudaStream_t stream, UnaryOp op, int64_t count, void* out, int out_elem, Operand in);
+// out = cond ? a : b; a null `b` takes `other`.
+cudaError_t launch_where(cudaStream_t stream, const Indexer& index, void* out, int out_elem, Operand cond, Operand a,
+                         Operand b, double other);
+// out = x * cos + rotate_half(x) * sin; operands 1..3 of the indexer are x, cos, sin.
+cudaError_t launch_rope(cudaStream_t stream, const Indexer& index, int64_t width, void* out, int out_elem, Operand x,
+                        Operand cos, Operand sin);
+cudaError_t launch_rms_norm(cudaStream_t stream, int64_t rows, int64_t row_size, double eps, void* out, int out_elem,
+                            Operand x, Operand weight);
+// Rows of `table` [vocab, width] by int64 indices; an index out of range sets *error to 1 and writes zeros.
+cudaError_t launch_embedding(cudaStream_t stream, int64_t count, int64_t vocab, int64_t width, void* out, int out_elem,
+                             Operand table, const int64_t* indices, int* error);
+// out (already holding the input) gets source's slices at index along a dim: out [outer, dim_size, inner],
+// source [outer, index_count, inner].
+cudaError_t launch_index_copy(cudaStream_t stream, int64_t outer, int64_t dim_size, int64_t inner, int64_t index_count,
+                              void* out, int out_elem, Operand source, const int64_t* index, int* error);
+
+// self[index0, index1, ...] over self's leading dims: the index tensors (int64) broadcast over `broadcast`
+// (operands 1..count of the indexer hold their strides), then `inner` trailing elements per position. An index out
+// of range sets *error to 1.
+struct GatherParams {
+  int count = 0;
+  const int64_t* index[3] = {};
+  int64_t dim_size[3] = {};
+  int64_t dim_stride[3] = {};
+  int64_t inner = 1;
+};
+cudaError_t launch_index(cudaStream_t stream, const Indexer& broadcast, const GatherParams& g, void* out, int out_elem,
+                         Operand self, int* error);
+
+// C[m, n] = A[m, k] · B[n, k]ᵀ (+ bias[n]), fp32 accumulation, any float storage.
+cudaError_t launch_linear(cudaStream_t stream, int64_t m, int64_t n, int64_t k, void* c, int c_elem, Operand a,
+                          Operand b, Operand bias);
+// c[m, n] += bias[n] (bias broadcast over rows), then the activation.
+cudaError_t launch_bias_activation(cudaStream_t stream, int64_t m, int64_t n, void* c, int c_elem, Operand bias,
+                                   UnaryOp activation);
+
+struct ConvParams {
+  int64_t batch, in_channels, in_h, in_w, out_channels, out_h, out_w, kernel_h, kernel_w;
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups;
+  UnaryOp activation;
+  float min_val, max_val;  // hardtanh only (activation Identity with clamp when use_clamp)
+  bool use_clamp;
+};
+// Direct convolution with bias, residual (same shape as out) and activation fused.
+cudaError_t launch_conv2d(cudaStream_t stream, const ConvParams& p, void* out, int out_elem, Operand x, Operand w,
+                          Operand bias, Operand residual);
+
+// The columns of a convolution's GEMM for one sample: col[(ci, kh, kw), (oh, ow)] (zeros in the padding).
+cudaError_t launch_im2col(cudaStream_t stream, const ConvParams& p, void* col, Operand x);
+// out[b, c, pixel] = activation(out + bias[c] + residual), the epilogue of a convolution run as a GEMM.
+cudaError_t launch_conv_epilogue(cudaStream_t stream, const ConvParams& p, void* out, int out_elem, Operand bias,
+                                 Operand residual);
+
+// y[n] = x[k] · W[n, k]ᵀ + bias[n], one row of activations (decode), bf16/fp16/fp32 storage, fp32 accumulation.
+cudaError_t launch_gemv(cudaStream_t stream, int64_t n, int64_t k, void* y, int elem, const void* x, const void* w,
+                        Operand bias);
+// Whether launch_gemv takes rows of length k in this storage (rows of whole 16-byte vectors; x and w 16-byte
+// aligned).
+bool gemv_supports(int64_t k, int elem);
+
+struct PoolParams {
+  int64_t planes, in_h, in_w, out_h, out_w, kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w, dilation_h,
+      dilation_w;
+};
+cudaError_t launch_max_pool2d(cudaStream_t stream, const PoolParams& p, void* out, int out_elem, Operand x);
+cudaError_t launch_adaptive_avg_pool2d(cudaStream_t stream, int64_t planes, int64_t in_h, int64_t in_w, int64_t out_h,
+                                       int64_t out_w, void* out, int out_elem, Operand x);
+
+struct AttentionParams {
+  int64_t batch, q_heads, k_heads, v_heads, length, source, embed, value_embed;
+  float scale;
+  bool causal, zero_masked_rows;
+  // Mask strides over [batch (flattened), head, row, column]; a null mask is none.
+  const void* mask;
+  int mask_elem;
+  int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_column_stride;
+  const int64_t* cache_position;  // null: every position; else positions 0..max(cache_position)
+  int64_t cache_position_count;
+};
+// Largest embed + source (query features plus key positions) the attention kernel holds in shared memory.
+int64_t attention_max_source();
+// Scratch floats the split (flash-decoding) form needs: one query row per head against a longer cache, its keys
+// split over blocks and combined by a second kernel. 0: the single-kernel form runs.
+int64_t attention_scratch_floats(const AttentionParams& p);
+// `scratch` holds attention_scratch_floats(p) floats, or is null for the single-kernel form.
+cudaError_t launch_attention(cudaStream_t stream, const AttentionParams& p, void* out, int out_elem, Operand q,
+                             Operand k, Operand v, float* scratch);
+
+// cos, sin [rows, 2 * half] from inv_freq [half] (fp32) and int64 positions [rows].
+cudaError_t launch_rotary_embedding(cudaStream_t stream, int64_t rows, int64_t half, float scaling, void* cos,
+                                    void* sin, int out_elem, Operand inv_freq, const int64_t* positions);
+
+// softmax over the last dim of [rows, width].
+cudaError_t launch_softmax(cudaStream_t stream, int64_t rows, int64_t width, void* out, int out_elem, Operand x);
+
+// Fills `bytes` bytes at `data` with `value` (poisoning before a run).
+cudaError_t launch_fill_bytes(cudaStream_t stream, void* data, uint8_t value, size_t bytes);
+
+}  // namespace npusim::cuda

@@ -1,0 +1,1044 @@
+// The CUDA backend's kernels. Generic ones take every element type through run-time element codes, compute in
+// fp32 and loop grid-stride; the decode GEMV is specialized by storage type for 16-byte loads.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+#include "backends/cuda/device_kernels.h"
+
+namespace npusim::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ bool is_float_code(int elem) { return elem <= kBF16; }
+
+__device__ __forceinline__ float load_f(const void* p, int elem, int64_t i) {
+  switch (elem) {
+    case kF32:
+      return static_cast<const float*>(p)[i];
+    case kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case kI64:
+      return static_cast<float>(static_cast<const long long*>(p)[i]);
+    default:
+      return static_cast<const uint8_t*>(p)[i] ? 1.0f : 0.0f;
+  }
+}
+
+// Float to int64 without undefined behaviour: NaN is 0, out-of-range values saturate (as the CPU backend does).
+__device__ __forceinline__ long long float_to_int64(float value) {
+  if (isnan(value)) return 0;
+  if (value >= 9.2233720368547758e18f) return LLONG_MAX;
+  if (value <= -9.2233720368547758e18f) return LLONG_MIN;
+  return static_cast<long long>(value);
+}
+
+__device__ __forceinline__ long long load_i(const void* p, int elem, int64_t i) {
+  switch (elem) {
+    case kI64:
+      return static_cast<const long long*>(p)[i];
+    case kBool:
+      return static_cast<const uint8_t*>(p)[i] ? 1 : 0;
+    default:
+      return float_to_int64(load_f(p, elem, i));
+  }
+}
+
+__device__ __forceinline__ void store_f(void* p, int elem, int64_t i, float v) {
+  switch (elem) {
+    case kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case kF16:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+    case kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    case kI64:
+      static_cast<long long*>(p)[i] = float_to_int64(v);
+      break;
+    default:
+      static_cast<uint8_t*>(p)[i] = v != 0.0f ? 1 : 0;
+      break;
+  }
+}
+
+__device__ __forceinline__ void store_i(void* p, int elem, int64_t i, long long v) {
+  switch (elem) {
+    case kI64:
+      static_cast<long long*>(p)[i] = v;
+      break;
+    case kBool:
+      static_cast<uint8_t*>(p)[i] = v != 0 ? 1 : 0;
+      break;
+    default:
+      store_f(p, elem, i, static_cast<float>(v));
+      break;
+  }
+}
+
+// One element converted between any two element types (floats via fp32, integers exactly).
+__device__ __forceinline__ void convert_element(void* dst, int dst_elem, int64_t di, const void* src, int src_elem,
+                                                int64_t si) {
+  if (is_float_code(dst_elem) && is_float_code(src_elem)) {
+    store_f(dst, dst_elem, di, load_f(src, src_elem, si));
+  } else if (dst_elem == kBool && is_float_code(src_elem)) {
+    static_cast<uint8_t*>(dst)[di] = load_f(src, src_elem, si) != 0.0f ? 1 : 0;
+  } else {
+    store_i(dst, dst_elem, di, load_i(src, src_elem, si));
+  }
+}
+
+// Element offsets of the first `operands` operands for linear index i of the indexer's shape.
+template <int Operands>
+__device__ __forceinline__ void offsets_of(const Indexer& ix, int64_t i, int64_t (&offset)[Operands]) {
+  if (ix.rank <= 1) {  // the common case once contiguous dims are merged: no division
+    for (int o = 0; o < Operands; ++o) offset[o] = ix.rank == 0 ? 0 : i * ix.strides[o][0];
+    return;
+  }
+  for (int o = 0; o < Operands; ++o) offset[o] = 0;
+  for (int d = ix.rank - 1; d >= 0; --d) {
+    const int64_t size = ix.sizes[d];
+    const int64_t coordinate = i % size;
+    i /= size;
+    for (int o = 0; o < Operands; ++o) offset[o] += coordinate * ix.strides[o][d];
+  }
+}
+
+int64_t indexer_count(const Indexer& ix) {
+  int64_t n = 1;
+  for (int d = 0; d < ix.rank; ++d) n *= ix.sizes[d];
+  return n;
+}
+
+unsigned blocks_for(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
+}
+
+#define GRID_STRIDE(i, n)                                                                \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+__device__ __forceinline__ float relu_f(float x) { return x < 0.0f ? 0.0f : x; }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float apply_unary(UnaryOp op, float x) {
+  switch (op) {
+    case UnaryOp::Relu:
+      return relu_f(x);
+    case UnaryOp::Silu:
+      return silu_f(x);
+    case UnaryOp::Sigmoid:
+      return sigmoid_f(x);
+    case UnaryOp::Tanh:
+      return tanhf(x);
+    case UnaryOp::Gelu:
+      return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case UnaryOp::GeluTanh:
+      return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    case UnaryOp::Neg:
+      return -x;
+    case UnaryOp::Exp:
+      return expf(x);
+    default:
+      return x;
+  }
+}
+
+// ---- copy, binary, unary, where ----
+
+__global__ void copy_kernel(Indexer ix, int64_t n, void* dst, int dst_elem, Operand src) {
+  GRID_STRIDE(i, n) {
+    int64_t o[2];
+    offsets_of<2>(ix, i, o);
+    convert_element(dst, dst_elem, o[0], src.data, src.elem, o[1]);
+  }
+}
+
+__device__ __forceinline__ float nan_max(float a, float b) { return (isnan(a) || isnan(b)) ? NAN : fmaxf(a, b); }
+__device__ __forceinline__ float nan_min(float a, float b) { return (isnan(a) || isnan(b)) ? NAN : fminf(a, b); }
+
+__device__ __forceinline__ bool is_comparison(BinaryOp op) {
+  return op == BinaryOp::Eq || op == BinaryOp::Ne || op == BinaryOp::Lt || op == BinaryOp::Le || op == BinaryOp::Gt ||
+         op == BinaryOp::Ge || op == BinaryOp::LogicalAnd || op == BinaryOp::LogicalOr;
+}
+
+template <typename T>
+__device__ __forceinline__ bool compare(BinaryOp op, T a, T b) {
+  switch (op) {
+    case BinaryOp::Eq:
+      return a == b;
+    case BinaryOp::Ne:
+      return a != b;
+    case BinaryOp::Lt:
+      return a < b;
+    case BinaryOp::Le:
+      return a <= b;
+    case BinaryOp::Gt:
+      return a > b;
+    case BinaryOp::Ge:
+      return a >= b;
+    case BinaryOp::LogicalAnd:
+      return a != T(0) && b != T(0);
+    default:
+      return a != T(0) || b != T(0);
+  }
+}
+
+__device__ __forceinline__ float binary_float(BinaryOp op, float a, float b, float alpha) {
+  switch (op) {
+    case BinaryOp::Add:
+      return a + alpha * b;
+    case BinaryOp::Sub:
+      return a - alpha * b;
+    case BinaryOp::Mul:
+      return a * b;
+    case BinaryOp::Div:
+      return a / b;
+    case BinaryOp::Maximum:
+      return nan_max(a, b);
+    case BinaryOp::Minimum:
+      return nan_min(a, b);
+    case BinaryOp::AddRelu:
+      return relu_f(a + b);
+    case BinaryOp::SiluMul:
+      return silu_f(a) * b;
+    default:
+      return NAN;
+  }
+}
+
+__device__ __forceinline__ long long binary_int(BinaryOp op, long long a, long long b, long long alpha) {
+  switch (op) {
+    case BinaryOp::Add:
+      return a + alpha * b;
+    case BinaryOp::Sub:
+      return a - alpha * b;
+    case BinaryOp::Mul:
+      return a * b;
+    case BinaryOp::Maximum:
+      return a > b ? a : b;
+    case BinaryOp::Minimum:
+      return a < b ? a : b;
+    case BinaryOp::BitwiseAnd:
+      return a & b;
+    case BinaryOp::BitwiseOr:
+      return a | b;
+    case BinaryOp::BitwiseXor:
+      return a ^ b;
+    case BinaryOp::AddRelu:
+      return a + b < 0 ? 0 : a + b;
+    default:
+      return 0;
+  }
+}
+
+__global__ void binary_kernel(BinaryOp op, Indexer ix, int64_t n, void* out, int out_elem, Operand a, Operand b,
+                              double scalar, long long int_scalar, double alpha, long long int_alpha) {
+  const bool b_float = b.data ? is_float_code(b.elem) : false;
+  const bool float_math = is_comparison(op) ? (is_float_code(a.elem) || b_float || (!b.data && scalar != int_scalar))
+                                            : is_float_code(out_elem);
+  GRID_STRIDE(i, n) {
+    int64_t o[3];
+    offsets_of<3>(ix, i, o);
+    if (float_math) {
+      const float x = load_f(a.data, a.elem, o[1]);
+      const float y = b.data ? load_f(b.data, b.elem, o[2]) : static_cast<float>(scalar);
+      if (is_comparison(op))
+        static_cast<uint8_t*>(out)[o[0]] = compare(op, x, y) ? 1 : 0;
+      else
+        store_f(out, out_elem, o[0], binary_float(op, x, y, static_cast<float>(alpha)));
+    } else {
+      const long long x = load_i(a.data, a.elem, o[1]);
+      const long long y = b.data ? load_i(b.data, b.elem, o[2]) : int_scalar;
+      if (is_comparison(op))
+        static_cast<uint8_t*>(out)[o[0]] = compare(op, x, y) ? 1 : 0;
+      else
+        store_i(out, out_elem, o[0], binary_int(op, x, y, int_alpha));
+    }
+  }
+}
+
+__global__ void unary_kernel(UnaryOp op, int64_t n, void* out, int out_elem, Operand in) {
+  GRID_STRIDE(i, n) store_f(out, out_elem, i, apply_unary(op, load_f(in.data, in.elem, i)));
+}
+
+__global__ void where_kernel(Indexer ix, int64_t n, void* out, int out_elem, Operand cond, Operand a, Operand b,
+                             double other) {
+  GRID_STRIDE(i, n) {
+    int64_t o[4];
+    offsets_of<4>(ix, i, o);
+    const bool take_a = load_i(cond.data, cond.elem, o[1]) != 0;
+    if (is_float_code(out_elem)) {
+      const float value =
+          take_a ? load_f(a.data, a.elem, o[2]) : (b.data ? load_f(b.data, b.elem, o[3]) : static_cast<float>(other));
+      store_f(out, out_elem, o[0], value);
+    } else {
+      const long long value = take_a ? load_i(a.data, a.elem, o[2])
+                                     : (b.data ? load_i(b.data, b.elem, o[3]) : static_cast<long long>(other));
+      store_i(out, out_elem, o[0], value);
+    }
+  }
+}
+
+// ---- LLM ops ----
+
+__global__ void rope_kernel(Indexer ix, int64_t n, int64_t width, void* out, int out_elem, Operand x, Operand cos,
+                            Operand sin) {
+  const int64_t half = width / 2;
+  GRID_STRIDE(i, n) {
+    int64_t o[4];
+    offsets_of<4>(ix, i, o);
+    const int64_t column = i % width;
+    const float value = load_f(x.data, x.elem, o[1]);
+    // x is contiguous in its last dim
+    const float rotated = column < half ? -load_f(x.data, x.elem, o[1] + half) : load_f(x.data, x.elem, o[1] - half);
+    const float direct = __fmul_rn(value, load_f(cos.data, cos.elem, o[2]));
+    const float turned = __fmul_rn(rotated, load_f(sin.data, sin.elem, o[3]));
+    store_f(out, out_elem, o[0], __fadd_rn(direct, turned));
+  }
+}
+
+// Sum over the block; every thread gets the result. `shared` holds 32 floats.
+__device__ float block_sum(float value, float* shared) {
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) / 32;
+  float total = 0.0f;
+  for (int w = 0; w < warps; ++w) total += shared[w];
+  return total;
+}
+
+__device__ float block_max(float value, float* shared) {
+  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  __syncthreads();
+  if (lane == 0) shared[warp] = value;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) / 32;
+  float total = -INFINITY;
+  for (int w = 0; w < warps; ++w) total = fmaxf(total, shared[w]);
+  return total;
+}
+
+__global__ void rms_norm_kernel(int64_t row_size, double eps, void* out, int out_elem, Operand x, Operand weight) {
+  __shared__ float reduce[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * row_size;
+  float squares = 0.0f;
+  for (int64_t c = threadIdx.x; c < row_size; c += blockDim.x) {
+    const float v = load_f(x.data, x.elem, base + c);
+    squares += v * v;
+  }
+  const float total = block_sum(squares, reduce);
+  const double mean = row_size > 0 ? static_cast<double>(total) / static_cast<double>(row_size) : 0.0;
+  const float scale = static_cast<float>(1.0 / sqrt(mean + eps));
+  for (int64_t c = threadIdx.x; c < row_size; c += blockDim.x) {
+    float v = load_f(x.data, x.elem, base + c) * scale;
+    if (weight.data) v *= load_f(weight.data, weight.elem, c);
+    store_f(out, out_elem, base + c, v);
+  }
+}
+
+__global__ void embedding_kernel(int64_t n, int64_t vocab, int64_t width, void* out, int out_elem, Operand table,
+                                 const int64_t* indices, int* error) {
+  GRID_STRIDE(i, n) {
+    const int64_t row = i / width, column = i % width;
+    const int64_t index = indices[row];
+    if (index < 0 || index >= vocab) {
+      *error = 1;
+      store_f(out, out_elem, i, 0.0f);
+      continue;
+    }
+    convert_element(out, out_elem, i, table.data, table.elem, index * width + column);
+  }
+}
+
+__global__ void index_copy_kernel(int64_t n, int64_t dim_size, int64_t inner, int64_t index_count, void* out,
+                                  int out_elem, Operand source, const int64_t* index, int* error) {
+  GRID_STRIDE(i, n) {
+    const int64_t e = i % inner, j = (i / inner) % index_count, outer = i / (inner * index_count);
+    int64_t target = index[j];
+    if (target < 0) target += dim_size;
+    if (target < 0 || target >= dim_size) {
+      *error = 1;
+      continue;
+    }
+    convert_element(out, out_elem, (outer * dim_size + target) * inner + e, source.data, source.elem, i);
+  }
+}
+
+__global__ void index_kernel(Indexer broadcast, int64_t n, GatherParams g, void* out, int out_elem, Operand self,
+                             int* error) {
+  GRID_STRIDE(i, n) {
+    const int64_t position = i / g.inner;
+    int64_t o[4];
+    offsets_of<4>(broadcast, position, o);
+    int64_t source = i % g.inner;
+    bool valid = true;
+    for (int t = 0; t < g.count; ++t) {
+      int64_t value = g.index[t][o[t + 1]];
+      if (value < 0) value += g.dim_size[t];
+      if (value < 0 || value >= g.dim_size[t]) valid = false;
+      source += value * g.dim_stride[t];
+    }
+    if (!valid) {
+      *error = 1;
+      store_i(out, out_elem, i, 0);
+      continue;
+    }
+    convert_element(out, out_elem, i, self.data, self.elem, source);
+  }
+}
+
+__global__ void rotary_kernel(int64_t n, int64_t half, float scaling, void* cos, void* sin, int out_elem,
+                              Operand inv_freq, const int64_t* positions) {
+  GRID_STRIDE(i, n) {
+    const int64_t row = i / half, f = i % half;
+    const float angle = static_cast<float>(positions[row]) * load_f(inv_freq.data, inv_freq.elem, f);
+    const float c = cosf(angle) * scaling, s = sinf(angle) * scaling;
+    const int64_t at = row * 2 * half + f;
+    store_f(cos, out_elem, at, c);
+    store_f(cos, out_elem, at + half, c);
+    store_f(sin, out_elem, at, s);
+    store_f(sin, out_elem, at + half, s);
+  }
+}
+
+__global__ void softmax_kernel(int64_t width, void* out, int out_elem, Operand x) {
+  __shared__ float reduce[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * width;
+  float peak = -INFINITY;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) peak = fmaxf(peak, load_f(x.data, x.elem, base + c));
+  peak = block_max(peak, reduce);
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) sum += expf(load_f(x.data, x.elem, base + c) - peak);
+  sum = block_sum(sum, reduce);
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x)
+    store_f(out, out_elem, base + c, expf(load_f(x.data, x.elem, base + c) - peak) / sum);
+}
+
+// ---- GEMM ----
+
+constexpr int kTile = 16;
+
+__global__ void linear_kernel(int64_t m, int64_t n, int64_t k, void* c, int c_elem, Operand a, Operand b,
+                              Operand bias) {
+  __shared__ float a_tile[kTile][kTile + 1];
+  __shared__ float b_tile[kTile][kTile + 1];
+  const int64_t row = static_cast<int64_t>(blockIdx.y) * kTile + threadIdx.y;
+  const int64_t column = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.x;
+  const int64_t b_row = static_cast<int64_t>(blockIdx.x) * kTile + threadIdx.y;
+  float acc = 0.0f;
+  for (int64_t k0 = 0; k0 < k; k0 += kTile) {
+    const int64_t ka = k0 + threadIdx.x;
+    a_tile[threadIdx.y][threadIdx.x] = (row < m && ka < k) ? load_f(a.data, a.elem, row * k + ka) : 0.0f;
+    b_tile[threadIdx.y][threadIdx.x] = (b_row < n && ka < k) ? load_f(b.data, b.elem, b_row * k + ka) : 0.0f;
+    __syncthreads();
+    for (int kk = 0; kk < kTile; ++kk) acc += a_tile[threadIdx.y][kk] * b_tile[threadIdx.x][kk];
+    __syncthreads();
+  }
+  if (row < m && column < n) {
+    if (bias.data) acc += load_f(bias.data, bias.elem, column);
+    store_f(c, c_elem, row * n + column, acc);
+  }
+}
+
+__global__ void bias_activation_kernel(int64_t count, int64_t n, void* c, int c_elem, Operand bias,
+                                       UnaryOp activation) {
+  GRID_STRIDE(i, count) {
+    float v = load_f(c, c_elem, i);
+    if (bias.data) v += load_f(bias.data, bias.elem, i % n);
+    store_f(c, c_elem, i, apply_unary(activation, v));
+  }
+}
+
+// ---- CNN ----
+
+__global__ void conv2d_kernel(ConvParams p, int64_t n, void* out, int out_elem, Operand x, Operand w, Operand bias,
+                              Operand residual) {
+  const int64_t in_group = p.in_channels / p.groups, out_group = p.out_channels / p.groups;
+  GRID_STRIDE(i, n) {
+    const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, co = (i / (p.out_w * p.out_h)) % p.out_channels,
+                  b = i / (p.out_w * p.out_h * p.out_channels);
+    const int64_t first_channel = (co / out_group) * in_group;
+    float acc = 0.0f;
+    for (int64_t ci = 0; ci < in_group; ++ci) {
+      const int64_t plane = (b * p.in_channels + first_channel + ci) * p.in_h;
+      const int64_t weights = (co * in_group + ci) * p.kernel_h;
+      for (int64_t kh = 0; kh < p.kernel_h; ++kh) {
+        const int64_t ih = oh * p.stride_h - p.pad_h + kh * p.dilation_h;
+        if (ih < 0 || ih >= p.in_h) continue;
+        for (int64_t kw = 0; kw < p.kernel_w; ++kw) {
+          const int64_t iw = ow * p.stride_w - p.pad_w + kw * p.dilation_w;
+          if (iw < 0 || iw >= p.in_w) continue;
+          acc += load_f(x.data, x.elem, (plane + ih) * p.in_w + iw) *
+                 load_f(w.data, w.elem, (weights + kh) * p.kernel_w + kw);
+        }
+      }
+    }
+    if (bias.data) acc += load_f(bias.data, bias.elem, co);
+    if (residual.data) acc += load_f(residual.data, residual.elem, i);
+    acc = apply_unary(p.activation, acc);
+    if (p.use_clamp) acc = fminf(fmaxf(acc, p.min_val), p.max_val);
+    store_f(out, out_elem, i, acc);
+  }
+}
+
+__global__ void max_pool_kernel(PoolParams p, int64_t n, void* out, int out_elem, Operand x) {
+  GRID_STRIDE(i, n) {
+    const int64_t ow = i % p.out_w, oh = (i / p.out_w) % p.out_h, plane = i / (p.out_w * p.out_h);
+    float best = -INFINITY;
+    for (int64_t kh = 0; kh < p.kernel_h; ++kh) {
+      const int64_t ih = oh * p.stride_h - p.pad_h + kh * p.dilation_h;
+      if (ih < 0 || ih >= p.in_h) continue;
+      for (int64_t kw = 0; kw < p.kernel_w; ++kw) {
+        const int64_t iw = ow * p.stride_w - p.pad_w + kw * p.dilation_w;
+        if (iw < 0 || iw >= p.in_w) continue;
+        const float v = load_f(x.data, x.elem, (plane * p.in_h + ih) * p.in_w + iw);
+        if (v > best || isnan(v)) best = v;
+      }
+    }
+    store_f(out, out_elem, i, best);
+  }
+}
+
+__global__ void adaptive_avg_pool_kernel(int64_t n, int64_t in_h, int64_t in_w, int64_t out_h, int64_t out_w, void* out,
+                                         int out_elem, Operand x) {
+  GRID_STRIDE(i, n) {
+    const int64_t ow = i % out_w, oh = (i / out_w) % out_h, plane = i / (out_w * out_h);
+    const int64_t h0 = oh * in_h / out_h, h1 = ((oh + 1) * in_h + out_h - 1) / out_h;
+    const int64_t w0 = ow * in_w / out_w, w1 = ((ow + 1) * in_w + out_w - 1) / out_w;
+    float sum = 0.0f;
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t w = w0; w < w1; ++w) sum += load_f(x.data, x.elem, (plane * in_h + h) * in_w + w);
+    store_f(out, out_elem, i, sum / static_cast<float>((h1 - h0) * (w1 - w0)));
+  }
+}
+
+__global__ void im2col_kernel(ConvParams p, int64_t n, void* col, Operand x) {
+  const int64_t pixels = p.out_h * p.out_w, taps = p.kernel_h * p.kernel_w;
+  GRID_STRIDE(i, n) {
+    const int64_t pixel = i % pixels, row = i / pixels;
+    const int64_t ci = row / taps, kh = (row / p.kernel_w) % p.kernel_h, kw = row % p.kernel_w;
+    const int64_t ih = (pixel / p.out_w) * p.stride_h - p.pad_h + kh * p.dilation_h;
+    const int64_t iw = (pixel % p.out_w) * p.stride_w - p.pad_w + kw * p.dilation_w;
+    if (ih < 0 || ih >= p.in_h || iw < 0 || iw >= p.in_w)
+      store_f(col, x.elem, i, 0.0f);
+    else
+      convert_element(col, x.elem, i, x.data, x.elem, (ci * p.in_h + ih) * p.in_w + iw);
+  }
+}
+
+__global__ void conv_epilogue_kernel(ConvParams p, int64_t n, void* out, int out_elem, Operand bias, Operand residual) {
+  const int64_t pixels = p.out_h * p.out_w;
+  GRID_STRIDE(i, n) {
+    float acc = load_f(out, out_elem, i);
+    if (bias.data) acc += load_f(bias.data, bias.elem, (i / pixels) % p.out_channels);
+    if (residual.data) acc += load_f(residual.data, residual.elem, i);
+    acc = apply_unary(p.activation, acc);
+    if (p.use_clamp) acc = fminf(fmaxf(acc, p.min_val), p.max_val);
+    store_f(out, out_elem, i, acc);
+  }
+}
+
+// ---- decode GEMV: one warp per output, 16-byte loads of the weight row and of the (cached) activation row ----
+
+constexpr int kGemvMaxWarps = 8;
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_float(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// `parts` warps share a row (each a slice of its vectors), so that short outputs still fill the GPU. Each block
+// walks groups of rows from its index by the grid size (launched with one block per group: a persistent grid of
+// resident blocks measured slower on the H100).
+template <typename T>
+__global__ void __launch_bounds__(kGemvMaxWarps * 32)
+    gemv_kernel(int64_t n, int64_t k, int parts, T* y, const T* x, const T* w, Operand bias) {
+  __shared__ float partial[kGemvMaxWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % parts;
+  const int rows_per_block = static_cast<int>(blockDim.x) / 32 / parts;
+  const int64_t groups = (n + rows_per_block - 1) / rows_per_block;
+  constexpr int kPerVector = 16 / sizeof(T);
+  const int64_t vectors = k / kPerVector;
+  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+    const int64_t row = group * rows_per_block + warp / parts;
+    float acc = 0.0f;
+    if (row < n) {
+      const uint4* packed = reinterpret_cast<const uint4*>(w + row * k);
+      const uint4* activations = reinterpret_cast<const uint4*>(x);  // tiny and shared by every warp: cached
+      const int64_t step = 32 * static_cast<int64_t>(parts);
+      // Groups of kUnroll vectors per lane, loads predicated, so every load of a group is in flight at once.
+      constexpr int kUnroll = 8;
+      for (int64_t base = part * 32 + lane; base < vectors; base += step * kUnroll) {
+        uint4 weights[kUnroll], inputs[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t at = base + step * u;
+          weights[u] = at < vectors ? __ldg(packed + at) : make_uint4(0, 0, 0, 0);
+          inputs[u] = at < vectors ? __ldg(activations + at) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const T* a = reinterpret_cast<const T*>(&inputs[u]);
+          const T* b = reinterpret_cast<const T*>(&weights[u]);
+#pragma unroll
+          for (int e = 0; e < kPerVector; ++e) acc += to_float(a[e]) * to_float(b[e]);
+        }
+      }
+      for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+    }
+    if (lane == 0) partial[warp] = acc;
+    __syncthreads();
+    if (row < n && part == 0 && lane == 0) {
+      float total = 0.0f;
+      for (int p = 0; p < parts; ++p) total += partial[warp + p];
+      if (bias.data) total += load_f(bias.data, bias.elem, row);
+      y[row] = from_float<T>(total);
+    }
+    __syncthreads();  // `partial` is reused by the next group
+  }
+}
+
+// ---- attention: one block per (batch, query head, query row); a warp per key for the scores, a warp per key
+// and a lane per value feature for the weighted sum, the scores in shared memory ----
+
+constexpr int kAttentionWarps = 8;
+constexpr int kAttentionThreads = kAttentionWarps * 32;
+constexpr int64_t kAttentionChunk = 128;               // value features summed per pass: 4 per lane
+constexpr int64_t kAttentionSharedFloats = 12 * 1024;  // 48 KB
+
+// Key positions a query reads: all of them, or 0..max(cache_position) (read on the device, so that a replayed
+// CUDA graph follows the position).
+__device__ int64_t attended_keys(const AttentionParams& p) {
+  if (!p.cache_position || p.cache_position_count == 0) return p.source;
+  int64_t last = p.cache_position[0];
+  for (int64_t j = 1; j < p.cache_position_count; ++j) last = max(last, p.cache_position[j]);
+  return min(max(last + 1, int64_t{0}), p.source);
+}
+
+// Scores of keys [begin, end) for one query row, a warp per group of kKeysPerWarp keys (their loads in flight
+// together): scale, causal limit and mask applied, written to scores[j - begin]. Returns this thread's maximum.
+constexpr int kKeysPerWarp = 4;
+
+__device__ float score_keys(const AttentionParams& p, const float* query, Operand k, int64_t k_base, int64_t b,
+                            int64_t head, int64_t row, int64_t begin, int64_t end, float* scores) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float peak = -INFINITY;
+  for (int64_t j0 = begin + warp * kKeysPerWarp; j0 < end; j0 += kAttentionWarps * kKeysPerWarp) {
+    float dot[kKeysPerWarp] = {};
+    for (int64_t e = lane; e < p.embed; e += 32) {
+      const float qe = query[e];
+#pragma unroll
+      for (int u = 0; u < kKeysPerWarp; ++u)
+        if (j0 + u < end) dot[u] += qe * load_f(k.data, k.elem, k_base + (j0 + u) * p.embed + e);
+    }
+#pragma unroll
+    for (int u = 0; u < kKeysPerWarp; ++u) {
+      for (int offset = 16; offset > 0; offset /= 2) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], offset);
+      const int64_t j = j0 + u;
+      if (j >= end) continue;
+      float s = __fmul_rn(dot[u], p.scale);
+      if (p.causal && j > row) s = -INFINITY;
+      if (p.mask) {
+        const int64_t at =
+            b * p.mask_batch_stride + head * p.mask_head_stride + row * p.mask_row_stride + j * p.mask_column_stride;
+        if (p.mask_elem == kBool) {
+          if (!static_cast<const uint8_t*>(p.mask)[at]) s = -INFINITY;
+        } else {
+          s = __fadd_rn(s, load_f(p.mask, p.mask_elem, at));
+        }
+      }
+      if (lane == 0) scores[j - begin] = s;
+      peak = fmaxf(peak, s);
+    }
+  }
+  return peak;
+}
+
+// Sums weights[j - begin] * v[j, first + lane + 32 t] over keys [begin, end) into `partial` [warps][chunk], then
+// over the warps: every thread then reads the totals for features first .. first + kAttentionChunk from
+// partial[0..chunk). Synchronizes the block.
+__device__ void sum_values(const AttentionParams& p, Operand v, int64_t v_base, int64_t begin, int64_t end,
+                           const float* weights, int64_t first, float* partial) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float acc[kAttentionChunk / 32] = {};
+  for (int64_t j0 = begin + warp * kKeysPerWarp; j0 < end; j0 += kAttentionWarps * kKeysPerWarp) {
+#pragma unroll
+    for (int u = 0; u < kKeysPerWarp; ++u) {
+      const int64_t j = j0 + u;
+      if (j >= end) break;
+      const float weight = weights[j - begin];
+      const int64_t at = v_base + j * p.value_embed + first;
+#pragma unroll
+      for (int t = 0; t < kAttentionChunk / 32; ++t) {
+        const int64_t e = lane + 32 * t;
+        if (first + e < p.value_embed) acc[t] += weight * load_f(v.data, v.elem, at + e);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kAttentionChunk / 32; ++t) partial[warp * kAttentionChunk + lane + 32 * t] = acc[t];
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < kAttentionChunk; e += blockDim.x) {
+    float total = 0.0f;
+    for (int w = 0; w < kAttentionWarps; ++w) total += partial[w * kAttentionChunk + e];
+    partial[e] = total;  // each thread reads only its own features of the other warps before this write
+  }
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kAttentionThreads, 4)
+    attention_kernel(AttentionParams p, void* out, int out_elem, Operand q, Operand k, Operand v) {
+  extern __shared__ float shared[];
+  __shared__ float reduce[32];
+  const int64_t row = blockIdx.x % p.length, head = (blockIdx.x / p.length) % p.q_heads,
+                b = blockIdx.x / (p.length * p.q_heads);
+  const int64_t reads = attended_keys(p);
+  float* query = shared;
+  float* scores = query + p.embed;
+  float* partial = scores + p.source;  // [warps][kAttentionChunk]
+  const int64_t q_base = ((b * p.q_heads + head) * p.length + row) * p.embed;
+  const int64_t k_base = (b * p.k_heads + head / (p.q_heads / p.k_heads)) * p.source * p.embed;
+  const int64_t v_base = (b * p.v_heads + head / (p.q_heads / p.v_heads)) * p.source * p.value_embed;
+  for (int64_t e = threadIdx.x; e < p.embed; e += blockDim.x) query[e] = load_f(q.data, q.elem, q_base + e);
+  __syncthreads();
+  float peak = score_keys(p, query, k, k_base, b, head, row, 0, reads, scores);
+  peak = block_max(peak, reduce);  // synchronizes, so every score is written
+  const int64_t out_base = ((b * p.q_heads + head) * p.length + row) * p.value_embed;
+  if (p.zero_masked_rows && peak == -INFINITY) {
+    for (int64_t e = threadIdx.x; e < p.value_embed; e += blockDim.x) store_f(out, out_elem, out_base + e, 0.0f);
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < reads; j += blockDim.x) {
+    const float weight = expf(scores[j] - peak);
+    scores[j] = weight;
+    sum += weight;
+  }
+  sum = block_sum(sum, reduce);  // synchronizes, so every weight is written
+  for (int64_t first = 0; first < p.value_embed; first += kAttentionChunk) {
+    sum_values(p, v, v_base, 0, reads, scores, first, partial);
+    for (int64_t e = threadIdx.x; e < kAttentionChunk && first + e < p.value_embed; e += blockDim.x)
+      store_f(out, out_elem, out_base + first + e, partial[e] / sum);
+    __syncthreads();
+  }
+}
+
+// ---- flash-decoding: the keys of a query row split over blocks, each leaving its maximum, its sum of weights
+// and its unnormalized weighted values; a second kernel combines them ----
+
+constexpr int64_t kSplitKeys = 32;
+
+__global__ void __launch_bounds__(kAttentionThreads, 4)
+    attention_split_kernel(AttentionParams p, int64_t splits, float* stats, float* values, Operand q, Operand k,
+                           Operand v) {
+  extern __shared__ float shared[];
+  __shared__ float reduce[32];
+  const int64_t r = blockIdx.x, split = blockIdx.y;
+  const int64_t row = r % p.length, head = (r / p.length) % p.q_heads, b = r / (p.length * p.q_heads);
+  const int64_t reads = attended_keys(p);
+  const int64_t begin = split * kSplitKeys, end = min(begin + kSplitKeys, reads);
+  if (begin >= end) return;  // past the attended keys: the combination reads only the splits before
+  float* stat = stats + (r * splits + split) * 2;
+  float* result = values + (r * splits + split) * p.value_embed;
+  float* query = shared;
+  float* scores = query + p.embed;
+  float* partial = scores + kSplitKeys;  // [warps][kAttentionChunk]
+  const int64_t q_base = ((b * p.q_heads + head) * p.length + row) * p.embed;
+  const int64_t k_base = (b * p.k_heads + head / (p.q_heads / p.k_heads)) * p.source * p.embed;
+  const int64_t v_base = (b * p.v_heads + head / (p.q_heads / p.v_heads)) * p.source * p.value_embed;
+  for (int64_t e = threadIdx.x; e < p.embed; e += blockDim.x) query[e] = load_f(q.data, q.elem, q_base + e);
+  __syncthreads();
+  float peak = score_keys(p, query, k, k_base, b, head, row, begin, end, scores);
+  peak = block_max(peak, reduce);
+  if (peak == -INFINITY) {  // no keys here, or all masked out
+    for (int64_t e = threadIdx.x; e < p.value_embed; e += blockDim.x) result[e] = 0.0f;
+    if (threadIdx.x == 0) {
+      stat[0] = -INFINITY;
+      stat[1] = 0.0f;
+    }
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+    const float weight = expf(scores[j - begin] - peak);
+    scores[j - begin] = weight;
+    sum += weight;
+  }
+  sum = block_sum(sum, reduce);
+  for (int64_t first = 0; first < p.value_embed; first += kAttentionChunk) {
+    sum_values(p, v, v_base, begin, end, scores, first, partial);
+    for (int64_t e = threadIdx.x; e < kAttentionChunk && first + e < p.value_embed; e += blockDim.x)
+      result[first + e] = partial[e];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    stat[0] = peak;
+    stat[1] = sum;
+  }
+}
+
+__global__ void attention_combine_kernel(AttentionParams p, int64_t splits, const float* stats, const float* values,
+                                         void* out, int out_elem) {
+  const int64_t r = blockIdx.x;
+  const float* stat = stats + r * splits * 2;
+  const int64_t used = min(splits, (attended_keys(p) + kSplitKeys - 1) / kSplitKeys);
+  float peak = -INFINITY;
+  for (int64_t s = 0; s < used; ++s) peak = fmaxf(peak, stat[2 * s]);
+  float total = 0.0f;
+  for (int64_t s = 0; s < used; ++s)
+    if (stat[2 * s] != -INFINITY) total += stat[2 * s + 1] * expf(stat[2 * s] - peak);
+  for (int64_t e = threadIdx.x; e < p.value_embed; e += blockDim.x) {
+    float value;
+    if (peak == -INFINITY) {
+      value = p.zero_masked_rows ? 0.0f : NAN;  // the softmax of a row with every score -inf
+    } else {
+      float acc = 0.0f;
+      for (int64_t s = 0; s < used; ++s)
+        if (stat[2 * s] != -INFINITY) acc += values[(r * splits + s) * p.value_embed + e] * expf(stat[2 * s] - peak);
+      value = acc / total;
+    }
+    store_f(out, out_elem, r * p.value_embed + e, value);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_copy(cudaStream_t stream, const Indexer& index, void* dst, int dst_elem, Operand src) {
+  const int64_t n = indexer_count(index);
+  if (n > 0) copy_kernel<<<blocks_for(n), kThreads, 0, stream>>>(index, n, dst, dst_elem, src);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_binary(cudaStream_t stream, BinaryOp op, const Indexer& index, void* out, int out_elem, Operand a,
+                          Operand b, double scalar, int64_t int_scalar, double alpha, int64_t int_alpha) {
+  const int64_t n = indexer_count(index);
+  if (n > 0)
+    binary_kernel<<<blocks_for(n), kThreads, 0, stream>>>(op, index, n, out, out_elem, a, b, scalar, int_scalar, alpha,
+                                                          int_alpha);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_unary(cudaStream_t stream, UnaryOp op, int64_t count, void* out, int out_elem, Operand in) {
+  if (count > 0) unary_kernel<<<blocks_for(count), kThreads, 0, stream>>>(op, count, out, out_elem, in);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_where(cudaStream_t stream, const Indexer& index, void* out, int out_elem, Operand cond, Operand a,
+                         Operand b, double other) {
+  const int64_t n = indexer_count(index);
+  if (n > 0) where_kernel<<<blocks_for(n), kThreads, 0, stream>>>(index, n, out, out_elem, cond, a, b, other);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope(cudaStream_t stream, const Indexer& index, int64_t width, void* out, int out_elem, Operand x,
+                        Operand cos, Operand sin) {
+  const int64_t n = indexer_count(index);
+  if (n > 0) rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(index, n, width, out, out_elem, x, cos, sin);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rms_norm(cudaStream_t stream, int64_t rows, int64_t row_size, double eps, void* out, int out_elem,
+                            Operand x, Operand weight) {
+  if (rows > 0)
+    rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(row_size, eps, out, out_elem, x, weight);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_embedding(cudaStream_t stream, int64_t count, int64_t vocab, int64_t width, void* out, int out_elem,
+                             Operand table, const int64_t* indices, int* error) {
+  const int64_t n = count * width;
+  if (n > 0)
+    embedding_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, vocab, width, out, out_elem, table, indices, error);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_index_copy(cudaStream_t stream, int64_t outer, int64_t dim_size, int64_t inner, int64_t index_count,
+                              void* out, int out_elem, Operand source, const int64_t* index, int* error) {
+  const int64_t n = outer * index_count * inner;
+  if (n > 0)
+    index_copy_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, dim_size, inner, index_count, out, out_elem, source,
+                                                              index, error);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_index(cudaStream_t stream, const Indexer& broadcast, const GatherParams& g, void* out, int out_elem,
+                         Operand self, int* error) {
+  const int64_t n = indexer_count(broadcast) * g.inner;
+  if (n > 0) index_kernel<<<blocks_for(n), kThreads, 0, stream>>>(broadcast, n, g, out, out_elem, self, error);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_linear(cudaStream_t stream, int64_t m, int64_t n, int64_t k, void* c, int c_elem, Operand a,
+                          Operand b, Operand bias) {
+  if (m > 0 && n > 0) {
+    const dim3 grid(static_cast<unsigned>((n + kTile - 1) / kTile), static_cast<unsigned>((m + kTile - 1) / kTile));
+    linear_kernel<<<grid, dim3(kTile, kTile), 0, stream>>>(m, n, k, c, c_elem, a, b, bias);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_bias_activation(cudaStream_t stream, int64_t m, int64_t n, void* c, int c_elem, Operand bias,
+                                   UnaryOp activation) {
+  const int64_t count = m * n;
+  if (count > 0)
+    bias_activation_kernel<<<blocks_for(count), kThreads, 0, stream>>>(count, n, c, c_elem, bias, activation);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_conv2d(cudaStream_t stream, const ConvParams& p, void* out, int out_elem, Operand x, Operand w,
+                          Operand bias, Operand residual) {
+  const int64_t n = p.batch * p.out_channels * p.out_h * p.out_w;
+  if (n > 0) conv2d_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, n, out, out_elem, x, w, bias, residual);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_max_pool2d(cudaStream_t stream, const PoolParams& p, void* out, int out_elem, Operand x) {
+  const int64_t n = p.planes * p.out_h * p.out_w;
+  if (n > 0) max_pool_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, n, out, out_elem, x);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_adaptive_avg_pool2d(cudaStream_t stream, int64_t planes, int64_t in_h, int64_t in_w, int64_t out_h,
+                                       int64_t out_w, void* out, int out_elem, Operand x) {
+  const int64_t n = planes * out_h * out_w;
+  if (n > 0)
+    adaptive_avg_pool_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, in_h, in_w, out_h, out_w, out, out_elem, x);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_im2col(cudaStream_t stream, const ConvParams& p, void* col, Operand x) {
+  const int64_t n = p.in_channels / p.groups * p.kernel_h * p.kernel_w * p.out_h * p.out_w;
+  if (n > 0) im2col_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, n, col, x);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_conv_epilogue(cudaStream_t stream, const ConvParams& p, void* out, int out_elem, Operand bias,
+                                 Operand residual) {
+  const int64_t n = p.batch * p.out_channels * p.out_h * p.out_w;
+  if (n > 0) conv_epilogue_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, n, out, out_elem, bias, residual);
+  return cudaGetLastError();
+}
+
+bool gemv_supports(int64_t k, int elem) { return k > 0 && elem <= kBF16 && (k * (elem == kF32 ? 4 : 2)) % 16 == 0; }
+
+cudaError_t launch_gemv(cudaStream_t stream, int64_t n, int64_t k, void* y, int elem, const void* x, const void* w,
+                        Operand bias) {
+  if (!gemv_supports(k, elem)) return cudaErrorInvalidValue;
+  if (n <= 0) return cudaGetLastError();
+  // Enough warps to fill the GPU: short outputs split each row over up to 8 warps.
+  int parts = 1;
+  while (parts < kGemvMaxWarps && n * parts < 132 * 48 && k / (16 / (elem == kF32 ? 4 : 2)) >= 64 * parts * 2)
+    parts *= 2;
+  const int rows_per_block = kGemvMaxWarps / parts;
+  const int64_t groups = (n + rows_per_block - 1) / rows_per_block;
+  const unsigned threads = kGemvMaxWarps * 32;
+  const size_t shared = 0;
+  const unsigned blocks = static_cast<unsigned>(groups);
+  switch (elem) {
+    case kF32:
+      gemv_kernel<float><<<blocks, threads, shared, stream>>>(
+          n, k, parts, static_cast<float*>(y), static_cast<const float*>(x), static_cast<const float*>(w), bias);
+      break;
+    case kF16:
+      gemv_kernel<__half><<<blocks, threads, shared, stream>>>(
+          n, k, parts, static_cast<__half*>(y), static_cast<const __half*>(x), static_cast<const __half*>(w), bias);
+      break;
+    case kBF16:
+      gemv_kernel<__nv_bfloat16><<<blocks, threads, shared, stream>>>(n, k, parts, static_cast<__nv_bfloat16*>(y),
+                                                                      static_cast<const __nv_bfloat16*>(x),
+                                                                      static_cast<const __nv_bfloat16*>(w), bias);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+int64_t attention_max_source() { return kAttentionSharedFloats - kAttentionWarps * kAttentionChunk; }
+
+int64_t attention_scratch_floats(const AttentionParams& p) {
+  if (p.length != 1 || p.source < 2 * kSplitKeys) return 0;
+  const int64_t splits = (p.source + kSplitKeys - 1) / kSplitKeys;
+  return p.batch * p.q_heads * splits * (2 + p.value_embed);
+}
+
+cudaError_t launch_attention(cudaStream_t stream, const AttentionParams& p, void* out, int out_elem, Operand q,
+                             Operand k, Operand v, float* scratch) {
+  const int64_t rows = p.batch * p.q_heads * p.length;
+  if (rows <= 0) return cudaGetLastError();
+  if (scratch && attention_scratch_floats(p) > 0) {
+    const int64_t splits = (p.source + kSplitKeys - 1) / kSplitKeys;
+    float* stats = scratch;
+    float* values = scratch + rows * splits * 2;
+    const size_t shared = static_cast<size_t>(p.embed + kSplitKeys + kAttentionWarps * kAttentionChunk) * sizeof(float);
+    attention_split_kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(splits)), kAttentionThreads,
+                             shared, stream>>>(p, splits, stats, values, q, k, v);
+    attention_combine_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(p, splits, stats, values, out, out_elem);
+    return cudaGetLastError();
+  }
+  const size_t shared = static_cast<size_t>(p.embed + p.source + kAttentionWarps * kAttentionChunk) * sizeof(float);
+  attention_kernel<<<static_cast<unsigned>(rows), kAttentionThreads, shared, stream>>>(p, out, out_elem, q, k, v);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rotary_embedding(cudaStream_t stream, int64_t rows, int64_t half, float scaling, void* cos,
+                                    void* sin, int out_elem, Operand inv_freq, const int64_t* positions) {
+  const int64_t n = rows * half;
+  if (n > 0)
+    rotary_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, half, scaling, cos, sin, out_elem, inv_freq, positions);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_softmax(cudaStream_t stream, int64_t rows, int64_t width, void* out, int out_elem, Operand x) {
+  if (rows > 0 && width > 0)
+    softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(width, out, out_elem, x);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fill_bytes(cudaStream_t stream, void* data, uint8_t value, size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  return cudaMemsetAsync(data, value, bytes, stream);
+}
+
+}  // namespace npusim::cuda

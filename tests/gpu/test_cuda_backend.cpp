@@ -1,0 +1,678 @@
+// The CUDA backend on a GPU: every op with a CUDA kernel against the registry's reference (fp32, fp16 and bf16
+// storage, activation memory poisoned first, each program run twice so the second run replays the captured CUDA
+// graph), ops without one through the host fallback, and whole models: ResNet-18/50 against the CPU backend,
+// qwen_tiny prefill and decode logits against the Hugging Face reference, and greedy decoding with the KV cache
+// kept on the device.
+// Needs a GPU: without one the binary says so and exits with status 1 (ctest -LE gpu skips it).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "compiler/compile.h"
+#include "compiler/graph_edit.h"
+#include "compiler/memory_plan.h"
+#include "compiler/target.h"
+#include "ir/torch_ir_reader.h"
+#include "llm/model_config.h"
+#include "npusim/op_registry.h"
+#include "runtime/compare.h"
+#include "runtime/dag_executor.h"
+#include "runtime/random_fill.h"
+#include "runtime/reference_executor.h"
+#include "runtime/safetensors.h"
+#include "runtime/weight_store.h"
+#include "runtime/weight_transforms.h"
+
+namespace npusim {
+namespace {
+
+const std::string kFixtures = std::string(NPUSIM_TEST_DATA) + "/fixtures";
+
+// ---------------------------------------------------------------------------------------------------------------
+// One-node cases
+
+enum class Fill { Normal, Positive, Integers, Bools };
+
+struct Operand {
+  Shape shape;
+  DType dtype = DType::Float32;
+  bool weight = false;
+  Fill fill = Fill::Normal;
+  int64_t low = 0, high = 0;
+};
+
+Operand f(Shape shape) { return {std::move(shape)}; }
+Operand w(Shape shape) { return {std::move(shape), DType::Float32, true}; }
+Operand ints(Shape shape, int64_t low, int64_t high) {
+  return {std::move(shape), DType::Int64, false, Fill::Integers, low, high};
+}
+Operand bools(Shape shape) { return {std::move(shape), DType::Bool, false, Fill::Bools}; }
+
+struct Case {
+  std::string op;
+  std::vector<Operand> inputs;
+  Attrs attrs;
+  bool kernel = true;  // false: expected on the host fallback
+  std::string label;
+};
+
+AttrValue I(int64_t v) { return AttrValue{v}; }
+AttrValue F(double v) { return AttrValue{v}; }
+AttrValue B(bool v) { return AttrValue{v}; }
+AttrValue S(const char* v) { return AttrValue{std::string(v)}; }
+AttrValue L(std::vector<int64_t> v) { return AttrValue{std::move(v)}; }
+
+Attrs attrs(std::initializer_list<std::pair<const char*, AttrValue>> values) {
+  Attrs result;
+  for (const auto& [name, value] : values) result.set(name, value);
+  return result;
+}
+
+Case make(std::string op, std::vector<Operand> inputs, Attrs a = {}, std::string label = "") {
+  return Case{std::move(op), std::move(inputs), std::move(a), true, std::move(label)};
+}
+Case on_host(Case c) {
+  c.kernel = false;
+  return c;
+}
+
+std::vector<Case> elementwise_cases() {
+  std::vector<Case> cases;
+  for (const char* op : {"relu", "silu", "sigmoid", "tanh", "gelu", "neg", "exp"}) {
+    cases.push_back(make(op, {f({3, 37})}));
+    cases.push_back(make(op, {f({0, 5})}, {}, "empty"));
+  }
+  cases.push_back(make("gelu", {f({7, 9})}, attrs({{"approximate", S("tanh")}}), "tanh"));
+  for (const char* op : {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
+                         "logical_and", "logical_or"}) {
+    cases.push_back(make(op, {f({2, 1, 33}), f({7, 1})}, {}, "broadcast"));
+    cases.push_back(make(op, {f({65}), f({65})}));
+    cases.push_back(make(op, {f({0, 3}), f({3})}, {}, "empty"));
+  }
+  cases.push_back(make("add", {f({7, 33}), f({33})}, attrs({{"alpha", F(2.5)}}), "alpha"));
+  cases.push_back(make("add", {f({7, 33})}, attrs({{"other", F(1.5)}}), "scalar"));
+  cases.push_back(make("sub", {f({7, 33}), f({7, 1})}, attrs({{"alpha", I(3)}}), "alpha"));
+  cases.push_back(make("mul", {f({7, 33})}, attrs({{"other", I(3)}}), "int scalar"));
+  cases.push_back(make("mul", {f({1}), f({5, 7, 1})}, {}, "broadcast both"));
+  cases.push_back(make("mul", {f({2, 3, 4, 5, 6, 7, 2, 3}), f({3, 1, 5, 1, 7, 1, 3})}, {}, "rank 8"));
+  for (const char* op : {"add", "sub", "mul", "maximum", "minimum", "eq", "lt", "ge", "bitwise_and", "bitwise_or",
+                         "bitwise_xor", "logical_and"})
+    cases.push_back(make(op, {ints({3, 5}, -4, 4), ints({5}, -4, 4)}, {}, "int64"));
+  cases.push_back(make("add", {ints({3, 5}, -4, 4), ints({5}, -4, 4)}, attrs({{"alpha", I(-2)}}), "int64 alpha"));
+  cases.push_back(make("add", {ints({3, 5}, -4, 4), f({5})}, {}, "int64 + float"));
+  cases.push_back(make("bitwise_and", {bools({3, 5}), bools({5})}, {}, "bool"));
+  cases.push_back(make("lt", {f({9})}, attrs({{"other", F(0.0)}}), "scalar"));
+  cases.push_back(make("add", {f({65, 1025}), f({1025})}, {}, "large"));
+  cases.push_back(on_host(make("div", {f({7, 33}), f({33})}, attrs({{"rounding_mode", S("floor")}}), "floor")));
+  cases.push_back(make("where", {bools({7, 1}), f({33}), f({7, 33})}));
+  cases.push_back(make("where", {bools({7, 33}), f({7, 33})}, attrs({{"other", F(-1.0)}}), "scalar other"));
+  cases.push_back(make("where", {bools({9}), ints({9}, -3, 3), ints({9}, 5, 9)}, {}, "int64"));
+  cases.push_back(make("to", {f({7, 5})}, attrs({{"dtype", S("torch.int64")}}), "float to int64"));
+  cases.push_back(make("to", {f({7, 5})}, attrs({{"dtype", S("torch.bool")}}), "float to bool"));
+  cases.push_back(make("to", {ints({7, 5}, -9, 9)}, attrs({{"dtype", S("torch.float32")}}), "int64 to float"));
+  cases.push_back(make("to", {f({7, 5})}, attrs({{"dtype", S("torch.bfloat16")}}), "float to bfloat16"));
+  cases.push_back(make("to", {bools({7})}, attrs({{"dtype", S("torch.int64")}}), "bool to int64"));
+  cases.push_back(make("add_relu", {f({7, 33}), f({33})}));
+  cases.push_back(make("silu_mul", {f({7, 33}), f({7, 33})}));
+  cases.push_back(make("rope", {f({1, 2, 7, 8}), f({1, 1, 7, 8}), f({1, 1, 7, 8})}));
+  cases.push_back(make("rope", {f({2, 3, 5, 6}), f({5, 6}), f({5, 6})}, {}, "broadcast"));
+  cases.push_back(on_host(make("cumsum", {f({3, 7})}, attrs({{"dim", I(1)}}))));
+  return cases;
+}
+
+std::vector<Case> shape_cases() {
+  std::vector<Case> cases;
+  cases.push_back(make("reshape", {f({6, 5})}, attrs({{"shape", L({5, -1})}})));
+  cases.push_back(make("flatten", {f({2, 3, 5})}, attrs({{"start_dim", I(1)}})));
+  cases.push_back(make("unsqueeze", {f({3, 5})}, attrs({{"dim", I(-1)}})));
+  cases.push_back(make("squeeze", {f({3, 1, 5})}, attrs({{"dim", L({1})}})));
+  cases.push_back(make("unflatten", {f({3, 10})}, attrs({{"dim", I(1)}, {"sizes", L({2, 5})}})));
+  cases.push_back(make("clone", {f({7})}));
+  cases.push_back(make("alias", {ints({7}, 0, 9)}));
+  cases.push_back(make("dropout", {f({7})}));
+  cases.push_back(make("permute", {f({2, 3, 5})}, attrs({{"dims", L({2, 0, 1})}})));
+  cases.push_back(make("permute", {ints({2, 3, 5}, 0, 100)}, attrs({{"dims", L({1, 2, 0})}}), "int64"));
+  cases.push_back(make("transpose", {f({2, 7, 33})}, attrs({{"dim0", I(-1)}, {"dim1", I(0)}})));
+  cases.push_back(make("transpose", {f({65, 1025})}, attrs({{"dim0", I(0)}, {"dim1", I(1)}}), "large"));
+  cases.push_back(make("t", {f({7, 33})}));
+  cases.push_back(make("expand", {f({3, 1})}, attrs({{"size", L({2, 3, 7})}})));
+  cases.push_back(make("expand", {bools({1, 5})}, attrs({{"size", L({4, -1})}}), "bool"));
+  cases.push_back(
+      make("slice", {f({7, 33})}, attrs({{"dim", I(1)}, {"start", I(-20)}, {"end", I(31)}, {"step", I(3)}})));
+  cases.push_back(make("slice", {f({7, 33})},
+                       attrs({{"dim", I(0)}, {"start", I(2)}, {"end", I(std::numeric_limits<int64_t>::max())}}),
+                       "open end"));
+  cases.push_back(make("slice", {f({7, 33})}, attrs({{"dim", I(1)}, {"start", I(5)}, {"end", I(5)}}), "empty"));
+  cases.push_back(make("select", {f({7, 33})}, attrs({{"dim", I(0)}, {"index", I(-2)}})));
+  cases.push_back(make("narrow", {f({7, 33})}, attrs({{"dim", I(1)}, {"start", I(3)}, {"length", I(9)}})));
+  cases.push_back(make("cat", {f({2, 3, 5}), f({2, 1, 5}), f({2, 7, 5})}, attrs({{"dim", I(1)}})));
+  cases.push_back(make("cat", {f({3, 5}), f({0}), f({3, 2})}, attrs({{"dim", I(-1)}}), "skipped empty"));
+  cases.push_back(make("cat", {ints({3}, 0, 9), f({2})}, {}, "promoted"));
+  cases.push_back(make("index_copy", {f({2, 9, 5}), ints({3}, 0, 9), f({2, 3, 5})}, attrs({{"dim", I(1)}})));
+  cases.push_back(make("index", {f({7, 5}), ints({4}, -7, 7)}, attrs({{"_tensor_list_sizes", L({1})}}), "one"));
+  cases.push_back(make("index", {bools({1, 9}), ints({1, 1, 1, 1}, 0, 1), ints({1, 1, 1, 9}, 0, 9)},
+                       attrs({{"_tensor_list_sizes", L({2})}}), "mask gather"));
+  cases.push_back(make("index", {f({3, 4, 5}), ints({2, 1}, 0, 3), ints({3}, -4, 4)},
+                       attrs({{"_tensor_list_sizes", L({2})}}), "broadcast"));
+  cases.push_back(on_host(make(
+      "index", {f({3, 4}), ints({2}, 0, 4)},
+      attrs({{"_tensor_list_sizes", L({1})}, {"_tensor_list_none_masks", AttrValue{std::vector<bool>{true, false}}}}),
+      "none slot")));
+  cases.push_back(on_host(make("flip", {f({3, 5, 7})}, attrs({{"dims", L({0, -1})}}))));
+  return cases;
+}
+
+std::vector<Case> nn_cases() {
+  std::vector<Case> cases;
+  cases.push_back(make("linear", {f({1, 7, 65}), w({33, 65}), w({33})}));
+  cases.push_back(make("linear", {f({7, 65}), w({33, 65})}, {}, "no bias"));
+  cases.push_back(make("linear", {f({1, 65}), w({1000, 65}), w({1000})}, {}, "one row"));
+  cases.push_back(make("linear", {f({7, 1}), f({5, 1})}, {}, "activation weight"));
+  cases.push_back(make("linear", {f({0, 5}), w({3, 5})}, {}, "empty"));
+  cases.push_back(make("linear", {f({3, 257}), w({129, 257}), w({129})}, {}, "odd"));
+  cases.push_back(make("linear", {f({1, 64}), w({37, 64}), w({37})}, {}, "gemv"));
+  cases.push_back(make("linear", {f({1, 1, 2048}), w({300, 2048})}, {}, "gemv split rows"));
+  cases.push_back(
+      make("conv2d", {f({1, 3, 9, 9}), w({4, 3, 3, 3}), w({4})}, attrs({{"stride", L({2})}, {"padding", L({1})}})));
+  cases.push_back(make("conv2d", {f({2, 4, 7, 8}), w({6, 2, 3, 2})},
+                       attrs({{"groups", I(2)}, {"dilation", L({2, 1})}, {"padding", L({2, 0})}}), "grouped"));
+  cases.push_back(make("conv2d", {f({1, 5, 6, 7}), w({3, 5, 1, 1}), w({3})}, {}, "pointwise"));
+  cases.push_back(
+      on_host(make("conv2d", {f({3, 7, 7}), w({2, 3, 3, 3})}, attrs({{"padding_mode", S("same")}}), "unbatched same")));
+  cases.push_back(make("conv2d", {f({1, 4, 5, 5}), w({4, 1, 3, 3}), w({4})},
+                       attrs({{"groups", I(4)}, {"padding", L({1})}}), "depthwise"));
+  cases.push_back(
+      make("fused_conv2d", {f({1, 3, 9, 9}), w({4, 3, 3, 3}), w({4}), f({1, 4, 9, 9})},
+           attrs({{"padding", L({1})}, {"has_bias", B(true)}, {"has_residual", B(true)}, {"activation", S("relu")}})));
+  cases.push_back(
+      make("fused_conv2d", {f({2, 3, 8, 8}), w({4, 3, 3, 3})},
+           attrs({{"stride", L({2})}, {"activation", S("hardtanh")}, {"min_val", F(0.0)}, {"max_val", F(0.5)}}),
+           "hardtanh"));
+  cases.push_back(make("fused_conv2d", {f({1, 3, 5, 5}), w({2, 3, 1, 1}), f({1, 2, 5, 5})},
+                       attrs({{"has_residual", B(true)}, {"activation", S("silu")}}), "pointwise residual"));
+  cases.push_back(
+      make("max_pool2d", {f({1, 3, 9, 9})}, attrs({{"kernel_size", L({3})}, {"stride", L({2})}, {"padding", L({1})}})));
+  cases.push_back(make("max_pool2d", {f({2, 7, 8})},
+                       attrs({{"kernel_size", L({2, 3})}, {"ceil_mode", B(true)}, {"dilation", L({2})}}),
+                       "ceil dilation"));
+  cases.push_back(make("adaptive_avg_pool2d", {f({1, 3, 7, 9})}, attrs({{"output_size", L({3, 4})}})));
+  cases.push_back(make("adaptive_avg_pool2d", {f({1, 512, 7, 7})}, attrs({{"output_size", L({1})}}), "global"));
+  cases.push_back(make("softmax", {f({7, 33})}, attrs({{"dim", I(-1)}})));
+  cases.push_back(make("softmax", {f({130, 513})}, attrs({{"dim", I(1)}}), "wide"));
+  cases.push_back(on_host(make("softmax", {f({3, 7, 5})}, attrs({{"dim", I(1)}}), "middle dim")));
+  cases.push_back(make("rms_norm", {f({2, 7, 33}), w({33})}, attrs({{"normalized_shape", L({33})}, {"eps", F(1e-6)}})));
+  cases.push_back(make("rms_norm", {f({7, 3, 5})}, attrs({{"normalized_shape", L({3, 5})}}), "no weight"));
+  cases.push_back(make("embedding", {w({33, 9}), ints({2, 7}, 0, 33)}));
+  cases.push_back(make("attention", {f({1, 4, 7, 8}), f({1, 2, 9, 8}), f({1, 2, 9, 8}), f({1, 1, 7, 9})},
+                       attrs({{"has_mask", B(true)}})));
+  cases.push_back(make("attention", {f({1, 4, 1, 8}), f({1, 2, 9, 8}), f({1, 2, 9, 8}), ints({1}, 4, 5)},
+                       attrs({{"has_cache_position", B(true)}, {"scale", F(0.25)}}), "cache position"));
+  cases.push_back(make("attention", {f({2, 3, 5, 4}), f({2, 3, 5, 4}), f({2, 3, 5, 6})},
+                       attrs({{"is_causal", B(true)}, {"zero_masked_rows", B(true)}}), "causal"));
+  cases.push_back(make("attention", {f({1, 4, 5, 8}), f({1, 2, 6, 8}), f({1, 2, 6, 8}), bools({5, 6})},
+                       attrs({{"has_mask", B(true)}}), "bool mask"));
+  cases.push_back(make("attention", {f({1, 12, 1, 128}), f({1, 2, 300, 128}), f({1, 2, 300, 128})}, {}, "split"));
+  cases.push_back(make("attention",
+                       {f({1, 4, 1, 16}), f({1, 2, 100, 16}), f({1, 2, 100, 12}), f({1, 1, 1, 100}), ints({1}, 70, 71)},
+                       attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "split mask cache position"));
+  cases.push_back(make("attention", {f({1, 2, 1, 8}), f({1, 2, 70, 8}), f({1, 2, 70, 8}), bools({70})},
+                       attrs({{"has_mask", B(true)}}), "split bool mask"));
+  cases.push_back(make("attention", {f({2, 3, 40, 16}), f({2, 3, 200, 16}), f({2, 3, 200, 16})}, {}, "long rows"));
+  cases.push_back(make("rotary_embedding", {w({4}), ints({2, 7}, 0, 4096)}, attrs({{"attention_scaling", F(0.75)}})));
+  return cases;
+}
+
+// Deterministic test values; floats rounded to what `storage` holds exactly.
+Tensor make_values(const Operand& operand, uint64_t seed, DType storage) {
+  Tensor t(operand.dtype, operand.shape);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+  auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double unit = static_cast<double>(next() % 1000003) / 1000003.0;
+    switch (operand.fill) {
+      case Fill::Normal:
+      case Fill::Positive: {
+        float value =
+            operand.fill == Fill::Normal ? static_cast<float>(unit * 4.0 - 2.0) : static_cast<float>(0.1 + unit * 2.0);
+        if (storage == DType::BFloat16) value = bf16_to_float(float_to_bf16(value));
+        if (storage == DType::Float16) value = fp16_to_float(float_to_fp16(value));
+        t.mutable_data<float>()[i] = value;
+        break;
+      }
+      case Fill::Integers:
+        t.mutable_data<int64_t>()[i] =
+            operand.low + static_cast<int64_t>(next() % static_cast<uint64_t>(operand.high - operand.low));
+        break;
+      case Fill::Bools:
+        t.mutable_data<uint8_t>()[i] = (next() % 3) != 0;
+        break;
+    }
+  }
+  return t;
+}
+
+struct Built {
+  Graph graph;
+  std::map<std::string, Tensor> inputs;
+  std::vector<std::pair<ValueId, Tensor>> weights;
+};
+
+Built build(const Case& c, DType storage) {
+  Built b;
+  b.graph.source = "cuda conformance " + c.op + (c.label.empty() ? "" : " (" + c.label + ")");
+  std::vector<ValueId> inputs;
+  std::vector<TensorMeta> metas;
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    const Operand& operand = c.inputs[i];
+    const std::string name = "in" + std::to_string(i);
+    const TensorMeta meta{operand.shape, operand.dtype};
+    const Tensor values = make_values(operand, i + 1, storage);
+    const ValueId id =
+        compiler::add_value(b.graph, name, meta, operand.weight ? ValueKind::Weight : ValueKind::GraphInput);
+    if (operand.weight) {
+      b.graph.value(id).weight_key = name;
+      b.graph.weights.push_back(id);
+      b.weights.emplace_back(id, values);
+    } else {
+      b.graph.inputs.push_back(id);
+      b.inputs[name] = values;
+    }
+    inputs.push_back(id);
+    metas.push_back(meta);
+  }
+  const OpDef* def = OpRegistry::instance().find(c.op);
+  if (!def) throw Error("unknown op " + c.op);
+  Attrs a = c.attrs;
+  OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
+  const std::vector<TensorMeta> outputs = def->infer(a, metas);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < outputs.size(); ++i) names.push_back("out" + std::to_string(i));
+  Node node = compiler::make_node(b.graph, c.op, "node", a, inputs, outputs, names);
+  b.graph.outputs = node.outputs;
+  b.graph.nodes.push_back(std::move(node));
+  compiler::renumber_producers(b.graph);
+  return b;
+}
+
+Program program_for(Graph graph, DType storage) {
+  Program program;
+  program.compute_dtype = storage;
+  program.plan = compiler::plan_memory(graph, storage);
+  program.graph = std::move(graph);
+  return program;
+}
+
+double tolerance(DType storage) {
+  switch (storage) {
+    case DType::BFloat16:
+      return 8e-3;
+    case DType::Float16:
+      return 1e-3;
+    default:
+      return 2e-5;
+  }
+}
+
+// Integers and bools exactly; floats within rtol * (|expected| + max |expected|); NaN where the reference has NaN.
+void expect_matches(const Tensor& actual, const Tensor& expected, DType storage, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
+  if (expected.dtype() != DType::Float32) {
+    for (int64_t i = 0; i < expected.numel(); ++i)
+      ASSERT_EQ(actual.element_as_double(i), expected.element_as_double(i)) << what << " element " << i;
+    return;
+  }
+  const float* a = actual.data<float>();
+  const float* e = expected.data<float>();
+  double scale = 0.0;
+  for (int64_t i = 0; i < expected.numel(); ++i)
+    if (std::isfinite(e[i])) scale = std::max(scale, static_cast<double>(std::fabs(e[i])));
+  const double rtol = tolerance(storage);
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    if (std::isnan(e[i])) {
+      ASSERT_TRUE(std::isnan(a[i])) << what << " element " << i << ": " << a[i] << ", expected NaN";
+      continue;
+    }
+    if (std::isinf(e[i])) {
+      ASSERT_EQ(a[i], e[i]) << what << " element " << i;
+      continue;
+    }
+    ASSERT_LE(std::fabs(a[i] - e[i]), rtol * (std::fabs(e[i]) + scale) + 1e-30)
+        << what << " element " << i << ": " << a[i] << ", expected " << e[i];
+  }
+}
+
+std::string case_name(const Case& c) { return c.op + (c.label.empty() ? "" : " (" + c.label + ")"); }
+
+void run_case(const Case& c) {
+  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    const std::string what = case_name(c) + " " + std::string(dtype_name(storage));
+    SCOPED_TRACE(what);
+    Built b = build(c, storage);
+    const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
+    cuda::CudaBackend backend({.poison_memory = true});
+    const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
+    if (c.kernel)
+      EXPECT_TRUE(prepared->fallback_nodes().empty()) << what << " ran on the host fallback";
+    else
+      EXPECT_EQ(prepared->fallback_nodes().size(), 1u) << what << " was expected on the host fallback";
+    for (int run = 0; run < 2; ++run) {  // the second run replays the captured graph over the first one's leftovers
+      const NamedTensors actual = prepared->run(b.inputs);
+      ASSERT_EQ(actual.size(), expected.size());
+      for (size_t i = 0; i < actual.size(); ++i) {
+        EXPECT_EQ(actual[i].first, expected[i].first);
+        expect_matches(actual[i].second, expected[i].second, storage,
+                       what + " run " + std::to_string(run) + " output " + std::to_string(i));
+      }
+    }
+    if (c.kernel) EXPECT_TRUE(cuda::replays_graph(*prepared)) << what << " does not replay a CUDA graph";
+  }
+}
+
+TEST(CudaConformance, ElementwiseOps) {
+  for (const Case& c : elementwise_cases()) run_case(c);
+}
+
+TEST(CudaConformance, ShapeOps) {
+  for (const Case& c : shape_cases()) run_case(c);
+}
+
+TEST(CudaConformance, NnOps) {
+  for (const Case& c : nn_cases()) run_case(c);
+}
+
+// Every op with a CUDA kernel appears in at least one case above.
+TEST(CudaConformance, EveryKernelHasACase) {
+  std::set<std::string> covered;
+  for (const auto& cases : {elementwise_cases(), shape_cases(), nn_cases()})
+    for (const Case& c : cases)
+      if (c.kernel) covered.insert(c.op);
+  for (const std::string& op : cuda::CudaBackend().capabilities().ops)
+    EXPECT_TRUE(covered.count(op)) << op << " has no conformance case";
+}
+
+TEST(CudaBackend, IndexOutOfRangeIsAnErrorNamingTheNode) {
+  Built b = build(make("embedding", {w({5, 3}), ints({4}, 0, 5)}), DType::Float32);
+  b.inputs["in1"].mutable_data<int64_t>()[2] = 7;
+  cuda::CudaBackend backend;
+  const auto prepared = backend.prepare(program_for(b.graph, DType::Float32), b.weights);
+  try {
+    prepared->run(b.inputs);
+    FAIL() << "an index past the table must fail";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("node 'node'"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("out of range"), std::string::npos) << error.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Whole models
+
+std::vector<std::pair<ValueId, Tensor>> random_weights(const Graph& graph) {
+  std::vector<std::pair<ValueId, Tensor>> weights;
+  for (ValueId id : graph.weights) {
+    const Value& value = graph.value(id);
+    if (!value.transform && !graph.constants.count(value.weight_key)) weights.emplace_back(id, random_weight(value, 7));
+  }
+  return weights;
+}
+
+Program compile_for(const Graph& graph, DType storage) {
+  compiler::CompileOptions options;
+  options.compute_dtype = storage;
+  return compiler::compile_graph(graph, options);
+}
+
+std::vector<std::pair<ValueId, Tensor>> compiled_weights(const Graph& compiled,
+                                                         const std::vector<std::pair<ValueId, Tensor>>& original) {
+  std::vector<std::pair<ValueId, Tensor>> weights;
+  for (const auto& [id, tensor] : original)
+    if (static_cast<size_t>(id) < compiled.values.size() && compiled.value(id).kind == ValueKind::Weight)
+      weights.emplace_back(id, tensor);
+  add_derived_weights(compiled, weights);
+  return weights;
+}
+
+class ResNetOnCuda : public ::testing::TestWithParam<std::tuple<const char*, DType>> {};
+
+TEST_P(ResNetOnCuda, MatchesTheCpuBackend) {
+  const auto [arch, storage] = GetParam();
+  const Graph graph = read_torch_ir(kFixtures + "/ir/" + arch + "_ir.json");
+  const auto weights = random_weights(graph);
+  const std::map<std::string, Tensor> inputs{{"x", random_input(graph.value(graph.inputs[0]), 5)}};
+  const Program fp32 = compile_for(graph, DType::Float32);
+  const Tensor expected = cpu::CpuBackend().prepare(fp32, compiled_weights(fp32.graph, weights))->run(inputs)[0].second;
+  const Program program = compile_for(graph, storage);
+  const auto prepared = cuda::CudaBackend().prepare(program, compiled_weights(program.graph, weights));
+  EXPECT_TRUE(prepared->fallback_nodes().empty());
+  for (int run = 0; run < 3; ++run) {
+    const Tensor actual = prepared->run(inputs)[0].second;
+    const Comparison c = compare_tensors(actual, expected, 5);
+    // Random weights leave classes close together: the top-5 order is checked at full precision, and against
+    // PyTorch's well-separated classes in ResNetAgainstPyTorchOnCuda.
+    if (storage == DType::Float32) {
+      EXPECT_LE(c.max_abs_diff, 1e-4 * std::max(1.0, c.max_abs_reference)) << c.summary();
+      EXPECT_TRUE(c.all_topk_match()) << c.summary();
+    } else {
+      EXPECT_GT(c.pearson, 0.999) << c.summary();
+    }
+    EXPECT_TRUE(c.all_argmax_match()) << c.summary();
+  }
+  EXPECT_TRUE(cuda::replays_graph(*prepared));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ResNetOnCuda,
+    ::testing::Values(std::make_tuple("resnet18", DType::Float32), std::make_tuple("resnet18", DType::BFloat16),
+                      std::make_tuple("resnet18", DType::Float16), std::make_tuple("resnet50", DType::Float32),
+                      std::make_tuple("resnet50", DType::BFloat16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param)) + "_" + std::string(dtype_name(std::get<1>(info.param)));
+    });
+
+// ResNets against PyTorch itself: tests/python/make_resnet_case.py writes torchvision weights (BatchNorm statistics
+// that matter, the top classes pushed apart), an image and the logits, with the python of $NPUSIM_PYTHON (default
+// python3), which needs torch and torchvision.
+std::string run_command(const std::string& command, int* exit_code) {
+  std::string output;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
+  const int status = pclose(pipe);
+  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return output;
+}
+
+class ResNetAgainstPyTorchOnCuda : public ::testing::TestWithParam<std::tuple<const char*, DType>> {};
+
+TEST_P(ResNetAgainstPyTorchOnCuda, LogitsAndTop5Match) {
+  const auto [arch, storage] = GetParam();
+  const char* python_env = std::getenv("NPUSIM_PYTHON");
+  const std::string python = python_env ? python_env : "python3";
+  int exit_code = -1;
+  run_command(python + " -c 'import torch, torchvision'", &exit_code);
+  if (exit_code != 0) GTEST_SKIP() << python << " lacks torch or torchvision";
+  const Graph graph = read_torch_ir(kFixtures + "/ir/" + arch + "_ir.json");
+  const std::string dir = std::string(NPUSIM_WORK_DIR) + "/cuda_" + arch + "_" + std::string(dtype_name(storage));
+  const std::string command = python + " " + NPUSIM_PYTHON_DIR + "/make_resnet_case.py --arch " + arch +
+                              " --seed 7 --weight-dtype float32 --out " + dir + " --output-name " +
+                              graph.value(graph.outputs[0]).name;
+  const std::string output = run_command("mkdir -p " + dir + " && " + command, &exit_code);
+  ASSERT_EQ(exit_code, 0) << command << "\n" << output;
+  WeightStore store;
+  store.add_file(dir + "/weights.safetensors");
+  const Program program = compile_for(graph, storage);
+  const auto prepared = cuda::CudaBackend().prepare(program, store.bind(program.graph).tensors);
+  const SafetensorsFile inputs = SafetensorsFile::open(dir + "/inputs.safetensors");
+  const SafetensorsFile reference = SafetensorsFile::open(dir + "/reference.safetensors");
+  for (int run = 0; run < 2; ++run) {
+    const NamedTensors outputs = prepared->run({{"x", inputs.get("x")}});
+    const Comparison c = compare_tensors(outputs[0].second, reference.get(outputs[0].first), 5);
+    EXPECT_GT(c.pearson, storage == DType::Float32 ? 0.99999 : 0.999) << c.summary();
+    EXPECT_TRUE(c.all_topk_match()) << c.summary();
+    EXPECT_TRUE(c.all_argmax_match()) << c.summary();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ResNetAgainstPyTorchOnCuda,
+    ::testing::Values(std::make_tuple("resnet18", DType::Float32), std::make_tuple("resnet18", DType::Float16),
+                      std::make_tuple("resnet50", DType::Float32), std::make_tuple("resnet50", DType::Float16),
+                      std::make_tuple("resnet50", DType::BFloat16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param)) + "_" + std::string(dtype_name(std::get<1>(info.param)));
+    });
+
+// A target that lists only some ops: the rest runs on the CPU fallback, with explicit transfers between the GPU
+// and the host, and the result is the CPU backend's.
+TEST(CudaBackend, PartitionsWithTheCpuFallbackMatchTheCpuBackend) {
+  const Graph graph = read_torch_ir(kFixtures + "/ir/resnet18_ir.json");
+  const auto weights = random_weights(graph);
+  const std::map<std::string, Tensor> inputs{{"x", random_input(graph.value(graph.inputs[0]), 5)}};
+  const Program program = compile_for(graph, DType::Float32);
+  const Tensor expected =
+      cpu::CpuBackend().prepare(program, compiled_weights(program.graph, weights))->run(inputs)[0].second;
+  const compiler::Target target = compiler::parse_target(
+      R"({"name": "cuda-partial", "backend": "cuda", "ops": ["conv2d", "fused_conv2d", "linear"], "fallback": "cpu"})",
+      "test target");
+  const auto executor = prepare_partitioned(program, target, compiled_weights(program.graph, weights));
+  EXPECT_GE(executor->plan().partitions.size(), 3u);
+  EXPECT_FALSE(executor->plan().transfers.empty());
+  for (int run = 0; run < 2; ++run) {
+    const Comparison c = compare_tensors(executor->run(inputs)[0].second, expected, 5);
+    EXPECT_LE(c.max_abs_diff, 1e-4 * std::max(1.0, c.max_abs_reference)) << c.summary();
+    EXPECT_TRUE(c.all_topk_match()) << c.summary();
+  }
+}
+
+const std::string kTiny = kFixtures + "/qwen_tiny";
+
+WeightStore tiny_store() {
+  WeightStore store;
+  store.add_file(kTiny + "/model.safetensors");
+  store.set_config(ModelConfig::load(kTiny + "/config.json"));
+  return store;
+}
+
+Tensor int64_tensor(Shape shape, const std::vector<int64_t>& values) {
+  Tensor t(DType::Int64, std::move(shape));
+  for (size_t i = 0; i < values.size(); ++i) t.mutable_data<int64_t>()[i] = values[i];
+  return t;
+}
+
+TEST(QwenTinyOnCuda, PrefillLogitsMatchTheReference) {
+  const Graph graph = read_torch_ir(kTiny + "/prefill_ir.json");
+  const SafetensorsFile reference = SafetensorsFile::open(kTiny + "/reference.safetensors");
+  const Tensor ids = reference.get("input_ids");
+  const int64_t length = ids.shape().back();
+  std::vector<int64_t> positions(static_cast<size_t>(length)), ones(static_cast<size_t>(length), 1);
+  for (int64_t i = 0; i < length; ++i) positions[static_cast<size_t>(i)] = i;
+  const std::map<std::string, Tensor> inputs{{"input_ids", ids},
+                                             {"attention_mask", int64_tensor({1, length}, ones)},
+                                             {"position_ids", int64_tensor({1, length}, positions)},
+                                             {"cache_position", int64_tensor({length}, positions)}};
+  for (const DType storage : {DType::Float32, DType::BFloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(storage)));
+    const Program program = compile_for(graph, storage);
+    WeightStore store = tiny_store();
+    const auto prepared = cuda::CudaBackend().prepare(program, store.bind(program.graph).tensors);
+    for (int run = 0; run < 2; ++run) {
+      const Comparison c = compare_tensors(prepared->run(inputs)[0].second, reference.get("logits"));
+      if (storage == DType::Float32)
+        EXPECT_LT(c.max_abs_diff, 1e-4) << c.summary();
+      else
+        EXPECT_GT(c.pearson, 0.999) << c.summary();
+      EXPECT_TRUE(c.all_argmax_match()) << c.summary();
+    }
+  }
+}
+
+TEST(QwenTinyOnCuda, DecodeLogitsAndCachesMatchTheReference) {
+  const Graph graph = read_torch_ir(kTiny + "/decode_ir.json");
+  const SafetensorsFile reference = SafetensorsFile::open(kTiny + "/decode_reference.safetensors");
+  std::map<std::string, Tensor> inputs;
+  for (ValueId id : graph.inputs) inputs[graph.value(id).name] = reference.get(graph.value(id).name);
+  const Program program = compile_for(graph, DType::Float32);
+  WeightStore store = tiny_store();
+  const auto prepared = cuda::CudaBackend().prepare(program, store.bind(program.graph).tensors);
+  EXPECT_TRUE(prepared->fallback_nodes().empty());
+  for (int run = 0; run < 2; ++run) {
+    const NamedTensors outputs = prepared->run(inputs);
+    ASSERT_EQ(outputs.size(), graph.outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const Comparison c = compare_tensors(outputs[i].second, reference.get("out_" + std::to_string(i)));
+      EXPECT_LT(c.max_abs_diff, 1e-4) << "out_" << i << ": " << c.summary();
+    }
+  }
+}
+
+// The prompt fed one token at a time through the decode program, then greedy tokens: the KV cache stays on the
+// device as state, and every step after the first replays the captured graph at a new position.
+TEST(QwenTinyOnCuda, GreedyDecodingMatchesTheReferenceTokens) {
+  std::ifstream file(kTiny + "/greedy.json");
+  const nlohmann::json greedy = nlohmann::json::parse(file);
+  const std::vector<int64_t> prompt = greedy["prompt"].get<std::vector<int64_t>>();
+  const std::vector<int64_t> expected = greedy["greedy"].get<std::vector<int64_t>>();
+  const Graph graph = read_torch_ir(kTiny + "/decode_ir.json");
+  for (const DType storage : {DType::Float32, DType::BFloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(storage)));
+    const Program program = compile_for(graph, storage);
+    std::vector<std::pair<std::string, std::string>> pairs;
+    for (size_t i = 4; i < program.graph.inputs.size(); ++i)
+      pairs.emplace_back(program.graph.value(program.graph.inputs[i]).name,
+                         program.graph.value(program.graph.outputs[i - 3]).name);
+    WeightStore store = tiny_store();
+    const auto prepared = cuda::CudaBackend().prepare_with_state(program, store.bind(program.graph).tensors, pairs);
+    const int64_t cache = program.graph.value(program.graph.inputs[1]).meta.shape.back();
+    std::vector<int64_t> tokens = prompt;
+    for (int64_t position = 0; position + 1 < static_cast<int64_t>(expected.size()); ++position) {
+      Tensor mask(DType::Float32, {1, 1, 1, cache});
+      for (int64_t j = 0; j < cache; ++j)
+        mask.mutable_data<float>()[j] = j <= position ? 0.0f : -std::numeric_limits<float>::infinity();
+      const NamedTensors outputs =
+          prepared->run({{"input_ids", int64_tensor({1, 1}, {tokens[static_cast<size_t>(position)]})},
+                         {"attention_mask", mask},
+                         {"position_ids", int64_tensor({1, 1}, {position})},
+                         {"cache_position", int64_tensor({1}, {position})}});
+      ASSERT_EQ(outputs.size(), 1u);
+      if (position + 1 < static_cast<int64_t>(prompt.size())) continue;
+      const Tensor& logits = outputs[0].second;
+      int64_t best = 0;
+      for (int64_t v = 1; v < logits.numel(); ++v)
+        if (logits.data<float>()[v] > logits.data<float>()[best]) best = v;
+      tokens.push_back(best);
+    }
+    EXPECT_EQ(tokens, expected);
+    EXPECT_TRUE(cuda::replays_graph(*prepared));
+  }
+}
+
+}  // namespace
+}  // namespace npusim
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (!testing::GTEST_FLAG(list_tests)) {
+    try {
+      std::printf("test_cuda_backend on %s\n", npusim::cuda::gpu_name().c_str());
+    } catch (const npusim::Error& error) {
+      std::fprintf(stderr, "test_cuda_backend: these tests need a CUDA GPU: %s\n", error.what());
+      return 1;
+    }
+  }
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,215 @@
+// Timings of the CUDA backend on the models the issue names (seeded random weights): ResNet-18/50 batch 1,
+// Qwen2.5-1.5B-shaped bf16 decode at context 128 and prefill of 128 tokens. Measured, never asserted beyond the
+// outputs being finite; runs only with NPUSIM_CUDA_BENCH=1 (it takes a minute and 8 GB of host memory).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+#include "backends/cuda/cuda_backend.h"
+#include "compiler/compile.h"
+#include "ir/torch_ir_reader.h"
+#include "runtime/random_fill.h"
+#include "runtime/weight_transforms.h"
+
+namespace npusim {
+namespace {
+
+const std::string kFixtures = std::string(NPUSIM_TEST_DATA) + "/fixtures";
+
+bool benchmarks_wanted() {
+  const char* text = std::getenv("NPUSIM_CUDA_BENCH");
+  return text && std::string(text) == "1";
+}
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Quick seeded weights in the graph's dtype: uniform with the He scale for matrices, near 1 for norm weights.
+Tensor fast_weight(const Value& value, uint64_t seed) {
+  if (!is_floating(value.meta.dtype) || value.meta.shape.size() < 2) return random_weight(value, seed);
+  Tensor out(DType::BFloat16, value.meta.shape);
+  const int64_t n = out.numel();
+  const double fan_in = static_cast<double>(n / std::max<int64_t>(value.meta.shape[0], 1));
+  const auto scale = static_cast<float>(std::sqrt(6.0 / std::max(fan_in, 1.0)));
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + std::hash<std::string>{}(value.name);
+  auto* data = out.mutable_data<uint16_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    const float unit = static_cast<float>(state >> 40) / static_cast<float>(1 << 24);
+    data[i] = float_to_bf16((unit * 2.0f - 1.0f) * scale);
+  }
+  return out;
+}
+
+std::vector<std::pair<ValueId, Tensor>> weights_for(const Program& program, bool fast) {
+  std::vector<std::pair<ValueId, Tensor>> weights;
+  for (ValueId id : program.graph.weights) {
+    const Value& value = program.graph.value(id);
+    if (value.transform || program.graph.constants.count(value.weight_key)) continue;
+    weights.emplace_back(id, fast ? fast_weight(value, 7) : random_weight(value, 7));
+  }
+  add_derived_weights(program.graph, weights);
+  return weights;
+}
+
+Program compile_for(const std::string& path, DType storage) {
+  compiler::CompileOptions options;
+  options.compute_dtype = storage;
+  return compiler::compile_graph(read_torch_ir(path), options);
+}
+
+// Sum of the per-kernel GPU times of one profiled run (each kernel timed alone, launch gaps left out), and the
+// same per op.
+double kernel_ms(PreparedProgram& prepared, const std::map<std::string, Tensor>& inputs, bool by_op = false) {
+  prepared.set_profiling(true);
+  prepared.run(inputs);
+  double total = 0.0;
+  std::map<std::string, std::pair<int, double>> ops;
+  for (const KernelTiming& timing : prepared.last_timings()) {
+    total += timing.milliseconds;
+    ops[timing.op].first += 1;
+    ops[timing.op].second += timing.milliseconds;
+  }
+  prepared.set_profiling(false);
+  if (by_op)
+    for (const auto& [op, entry] : ops)
+      std::printf("  %-20s %4d kernels %8.3f ms\n", op.c_str(), entry.first, entry.second);
+  return total;
+}
+
+TEST(CudaBench, ResNet) {
+  if (!benchmarks_wanted()) GTEST_SKIP() << "set NPUSIM_CUDA_BENCH=1";
+  for (const char* arch : {"resnet18", "resnet50"}) {
+    for (const DType storage : {DType::Float16, DType::BFloat16, DType::Float32}) {
+      const Program program = compile_for(kFixtures + "/ir/" + arch + "_ir.json", storage);
+      auto prepared = cuda::CudaBackend().prepare(program, weights_for(program, false));
+      const std::map<std::string, Tensor> inputs{{"x", random_input(program.graph.value(program.graph.inputs[0]), 5)}};
+      for (int i = 0; i < 10; ++i) prepared->run(inputs);
+      std::vector<double> times;
+      bool finite = true;
+      for (int i = 0; i < 100; ++i) {
+        const double start = now_ms();
+        const Tensor logits = prepared->run(inputs)[0].second;
+        times.push_back(now_ms() - start);
+        finite = finite && std::isfinite(logits.data<float>()[0]);  // random fp16 weights may overflow
+      }
+      const bool replayed = cuda::replays_graph(*prepared);
+      const double kernels = kernel_ms(*prepared, inputs);
+      std::printf(
+          "BENCH %s %s batch 1: run %.3f ms median (min %.3f), kernels alone %.3f ms, graph replay %s, %zu nodes on "
+          "the host%s\n",
+          arch, std::string(dtype_name(storage)).c_str(), median(times), *std::min_element(times.begin(), times.end()),
+          kernels, replayed ? "yes" : "no", prepared->fallback_nodes().size(), finite ? "" : " (logits not finite)");
+    }
+  }
+}
+
+Tensor int64_tensor(Shape shape, const std::vector<int64_t>& values) {
+  Tensor t(DType::Int64, std::move(shape));
+  for (size_t i = 0; i < values.size(); ++i) t.mutable_data<int64_t>()[i] = values[i];
+  return t;
+}
+
+TEST(CudaBench, QwenDecodeAndPrefill) {
+  if (!benchmarks_wanted()) GTEST_SKIP() << "set NPUSIM_CUDA_BENCH=1";
+  {
+    const Program program = compile_for(kFixtures + "/ir/qwen15_decode_ir.json", DType::BFloat16);
+    const Graph& graph = program.graph;
+    std::vector<std::pair<std::string, std::string>> pairs;
+    for (size_t i = 4; i < graph.inputs.size(); ++i)
+      pairs.emplace_back(graph.value(graph.inputs[i]).name, graph.value(graph.outputs[i - 3]).name);
+    const double load_start = now_ms();
+    auto prepared = cuda::CudaBackend().prepare_with_state(program, weights_for(program, true), pairs);
+    const double load_ms = now_ms() - load_start;
+    const int64_t cache = graph.value(graph.inputs[1]).meta.shape.back();
+    auto step = [&](int64_t position) {
+      Tensor mask(DType::Float32, {1, 1, 1, cache});
+      for (int64_t j = 0; j < cache; ++j)
+        mask.mutable_data<float>()[j] = j <= position ? 0.0f : -std::numeric_limits<float>::infinity();
+      return std::map<std::string, Tensor>{{"input_ids", int64_tensor({1, 1}, {(position * 7919) % 151936})},
+                                           {"attention_mask", mask},
+                                           {"position_ids", int64_tensor({1, 1}, {position})},
+                                           {"cache_position", int64_tensor({1}, {position})}};
+    };
+    for (int64_t position = 0; position < 128; ++position) prepared->run(step(position));
+    std::vector<std::map<std::string, Tensor>> steps;
+    for (int64_t position = 128; position < 192; ++position) steps.push_back(step(position));
+    const double start = now_ms();
+    for (const auto& inputs : steps) {
+      const Tensor logits = prepared->run(inputs)[0].second;
+      ASSERT_TRUE(std::isfinite(logits.data<float>()[0]));
+    }
+    const double per_token = (now_ms() - start) / static_cast<double>(steps.size());
+    const bool replayed = cuda::replays_graph(*prepared);
+    const double kernels = kernel_ms(*prepared, step(192), true);
+    // The first layer's projections and the LM head, with the bandwidth their weights alone need.
+    for (const KernelTiming& t : prepared->last_timings()) {
+      if (t.op != "linear") continue;
+      const Node* node = nullptr;
+      for (const Node& candidate : graph.nodes)
+        if (candidate.name == t.node) node = &candidate;
+      const double bytes = 2.0 * static_cast<double>(shape_numel(graph.value(node->inputs[1]).meta.shape));
+      if (t.node == "linear" || t.node.size() <= 8 || t.node == graph.nodes.back().name)
+        std::printf("  %-12s %8.4f ms  %6.0f GB/s\n", t.node.c_str(), t.milliseconds, bytes / t.milliseconds / 1e6);
+    }
+    std::printf(
+        "BENCH qwen2.5-1.5b bf16 decode at context 128-192: %.3f ms/token = %.1f tok/s (kernels alone %.3f ms), "
+        "%zu nodes, %zu on the host, graph replay %s, load %.0f ms\n",
+        per_token, 1000.0 / per_token, kernels, graph.nodes.size(), prepared->fallback_nodes().size(),
+        replayed ? "yes" : "no", load_ms);
+  }
+  {
+    const Program program = compile_for(kFixtures + "/ir/qwen15_prefill_ir.json", DType::BFloat16);
+    auto prepared = cuda::CudaBackend().prepare(program, weights_for(program, true));
+    std::vector<int64_t> ids(128), positions(128), ones(128, 1);
+    for (int64_t i = 0; i < 128; ++i) {
+      ids[static_cast<size_t>(i)] = (i * 7919) % 151936;
+      positions[static_cast<size_t>(i)] = i;
+    }
+    const std::map<std::string, Tensor> inputs{{"input_ids", int64_tensor({1, 128}, ids)},
+                                               {"attention_mask", int64_tensor({1, 128}, ones)},
+                                               {"position_ids", int64_tensor({1, 128}, positions)},
+                                               {"cache_position", int64_tensor({128}, positions)}};
+    for (int i = 0; i < 3; ++i) prepared->run(inputs);
+    std::vector<double> times;
+    for (int i = 0; i < 10; ++i) {
+      const double start = now_ms();
+      prepared->run(inputs);
+      times.push_back(now_ms() - start);
+    }
+    const double kernels = kernel_ms(*prepared, inputs, true);
+    std::printf(
+        "BENCH qwen2.5-1.5b bf16 prefill 128 tokens: run %.3f ms median (all logits copied out), kernels "
+        "alone %.3f ms, %zu on the host\n",
+        median(times), kernels, prepared->fallback_nodes().size());
+  }
+}
+
+}  // namespace
+}  // namespace npusim
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (!testing::GTEST_FLAG(list_tests)) {
+    try {
+      std::printf("test_cuda_bench on %s\n", npusim::cuda::gpu_name().c_str());
+    } catch (const npusim::Error& error) {
+      std::fprintf(stderr, "test_cuda_bench: these benchmarks need a CUDA GPU: %s\n", error.what());
+      return 1;
+    }
+  }
+  return RUN_ALL_TESTS();
+}
