@@ -1,12 +1,15 @@
-// Convolution (conv2d, conv1d, convolution, fused_conv2d) as im2col + GEMM per sample and group: the patch matrix
-// [Cin/groups * kh * kw, oh * ow] is written into scratch (a pointwise convolution multiplies by the input itself),
-// the GEMM produces [Cout/groups, oh * ow] in fp32, and one epilogue pass adds the bias and the residual, applies
-// the activation and stores in the output's storage type.
+// Convolution (conv2d, conv1d, convolution, fused_conv2d) on the packed GEMM: per sample and group,
+// out[Cout/groups, oh * ow] = W[Cout/groups, Cin/groups * kh * kw] · patches, with the weight packed once at prepare
+// time when it is a constant, the patch matrix gathered from the input while the GEMM packs its panels (a pointwise
+// convolution reads the input itself), and bias, residual and ReLU/clamp applied by the GEMM's epilogue. Depthwise
+// convolutions (one input channel per group) have their own direct kernel instead of one tiny GEMM per channel.
 #include <array>
+#include <cmath>
 #include <memory>
 
+#include "backends/cpu/conv_winograd.h"
 #include "backends/cpu/elementwise.h"
-#include "ops/gemm.h"
+#include "backends/cpu/packed_gemm.h"
 
 namespace npusim::cpu {
 
@@ -25,6 +28,7 @@ struct ConvGeometry {
     return kernel == std::array<int64_t, 2>{1, 1} && stride == std::array<int64_t, 2>{1, 1} &&
            pad == std::array<int64_t, 2>{0, 0} && out == in;
   }
+  bool depthwise() const { return groups > 1 && group_in() == 1; }
 };
 
 std::optional<std::vector<int64_t>> per_dim(const Attrs& attrs, const std::string& name, size_t dims,
@@ -69,6 +73,7 @@ std::optional<ConvGeometry> conv_geometry(const Attrs& attrs, const Shape& x, co
       before = total / 2;
       after = total - before;
     }
+    if (before < 0 || g.dilation[at] < 1) return std::nullopt;
     g.pad[at] = before;
     const int64_t extent = g.dilation[at] * (g.kernel[at] - 1) + 1;
     if (g.stride[at] < 1 || extent > g.in[at] + before + after) return std::nullopt;
@@ -81,117 +86,192 @@ std::optional<ConvGeometry> conv_geometry(const Attrs& attrs, const Shape& x, co
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Row p = (channel, ky, kx) of one group's patch matrix over all output pixels: the input values under that kernel
-// tap, zero where the tap reads padding.
-void patch_row(const float* input, const ConvGeometry& g, int64_t p, float* out) {
-  const int64_t height = g.in[0], width = g.in[1], out_h = g.out[0], out_w = g.out[1];
-  const int64_t kx = p % g.kernel[1], ky = p / g.kernel[1] % g.kernel[0], channel = p / (g.kernel[0] * g.kernel[1]);
-  const float* plane = input + channel * height * width;
-  const int64_t x_shift = kx * g.dilation[1] - g.pad[1];
-  // Output columns whose input column ox * stride + x_shift falls inside [0, width).
-  const int64_t ox_begin = std::min(out_w, x_shift >= 0 ? 0 : ceil_div(-x_shift, g.stride[1]));
-  const int64_t ox_end = std::clamp(x_shift < width ? (width - 1 - x_shift) / g.stride[1] + 1 : 0, ox_begin, out_w);
-  for (int64_t oy = 0; oy < out_h; ++oy, out += out_w) {
-    const int64_t iy = oy * g.stride[0] - g.pad[0] + ky * g.dilation[0];
-    if (iy < 0 || iy >= height) {
-      std::fill(out, out + out_w, 0.0f);
-      continue;
-    }
-    const float* src = plane + iy * width;
-    std::fill(out, out + ox_begin, 0.0f);
-    if (g.stride[1] == 1) {
-      std::copy(src + ox_begin + x_shift, src + ox_end + x_shift, out + ox_begin);
-    } else {
-      for (int64_t ox = ox_begin; ox < ox_end; ++ox) out[ox] = src[ox * g.stride[1] + x_shift];
-    }
-    std::fill(out + ox_end, out + out_w, 0.0f);
-  }
+// Whether input `index` keeps its contents for the life of the prepared program (a weight): packed once.
+bool fixed_input(const KernelContext& ctx, size_t index) {
+  return index < ctx.constant_inputs.size() && ctx.constant_inputs[index];
 }
 
 struct ConvPlan {
   ConvGeometry g;
   Buffer x, weight, out;
   std::optional<Buffer> bias, residual;
-  std::optional<UnaryStep> activation;
+  std::optional<UnaryStep> activation;  // applied after the GEMM when its epilogue cannot
+  GemmActivation gemm_activation = GemmActivation::None;
+  float low = 0.0f, high = 0.0f;
+  std::vector<PackedMatrix> packed;  // per group, when the weight is constant
+  PackedGemm gemm;
+  std::optional<WinogradConv> winograd;  // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
   // Offsets (in floats) into the shared scratch; -1 when not needed.
-  int64_t x_scratch = -1, weight_scratch = -1, patches_scratch = -1, c_scratch = -1;
+  int64_t x_scratch = -1, bias_scratch = -1, c_scratch = -1, winograd_scratch = -1;
 };
 
-// Bias, residual and activation on one output channel's row of fp32 sums, stored in the output's type.
-void epilogue(const ConvPlan& p, int64_t sample, int64_t channel, float* row) {
-  const int64_t pixels = p.g.pixels();
-  const int64_t at = (sample * p.g.out_channels + channel) * pixels;
-  if (p.bias) {
-    const float b = load_float(p.bias->data, p.bias->elem, channel);
-    for (int64_t j = 0; j < pixels; ++j) row[j] += b;
+// The epilogue's share of an activation: ReLU and clamps run inside the GEMM, anything else afterwards.
+void split_activation(ConvPlan& p, std::optional<UnaryStep> activation) {
+  if (!activation) return;
+  if (activation->kind == UnaryKind::Relu) {
+    p.gemm_activation = GemmActivation::Relu;
+  } else if (activation->kind == UnaryKind::Clamp && !std::isnan(activation->p0) && !std::isnan(activation->p1)) {
+    p.gemm_activation = GemmActivation::Clamp;
+    p.low = activation->p0;
+    p.high = activation->p1;
+  } else {
+    p.activation = activation;
   }
-  if (p.residual) {
-    const Buffer& r = *p.residual;
-    if (r.elem == Elem::F32) {
-      const float* add = r.as<const float>() + at;
-      for (int64_t j = 0; j < pixels; ++j) row[j] += add[j];
-    } else {
-      alignas(64) float block[kChunk];
-      for (int64_t j = 0; j < pixels; j += kChunk) {
-        const int64_t n = std::min(kChunk, pixels - j);
-        to_float(r.data + static_cast<size_t>(at + j) * elem_size(r.elem), r.elem, block, n);
-        for (int64_t i = 0; i < n; ++i) row[j + i] += block[i];
-      }
-    }
-  }
-  if (p.activation) apply_unary(*p.activation, row, row, pixels);
-  store_floats(row, p.out.data + static_cast<size_t>(at) * elem_size(p.out.elem), p.out.elem, pixels);
 }
 
-void run_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
+// One sample's group through the packed GEMM: weight rows of the group times its patch matrix.
+void run_group_gemm(const ConvPlan& p, int64_t group, const std::byte* x_bytes, const float* x, const GemmOutput& c,
+                    const GemmEpilogue& epilogue, ThreadPool& pool, const ScratchSpace& scratch) {
+  const ConvGeometry& g = p.g;
+  const int64_t pixels = g.pixels(), patch = g.patch(), first_channel = group * g.group_out();
+  const size_t x_es = elem_size(p.x.elem), w_es = elem_size(p.weight.elem);
+  GemmOperand a =
+      StridedOperand{p.weight.data + static_cast<size_t>(first_channel * patch) * w_es, p.weight.elem, patch};
+  if (!p.packed.empty()) a = &p.packed[static_cast<size_t>(group)];
+  GemmOperand b;
+  if (g.pointwise()) {
+    b = StridedOperand{x_bytes + static_cast<size_t>(group * g.group_in() * g.in_plane()) * x_es, p.x.elem, pixels};
+  } else {
+    b = Im2colOperand{x + group * g.group_in() * g.in_plane(),
+                      g.group_in(),
+                      g.in[0],
+                      g.in[1],
+                      g.kernel[0],
+                      g.kernel[1],
+                      g.stride[0],
+                      g.stride[1],
+                      g.pad[0],
+                      g.pad[1],
+                      g.dilation[0],
+                      g.dilation[1],
+                      g.out[0],
+                      g.out[1]};
+  }
+  p.gemm.run(a, b, c, epilogue, pool, scratch);
+}
+
+void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
   const ConvGeometry& g = p.g;
   float* base = scratch.shared_as<float>();
-  const int64_t sample_size = g.in_channels * g.in_plane();
-  const int64_t pixels = g.pixels(), patch = g.patch(), group_out = g.group_out();
-  const float* weights = p.weight_scratch < 0
-                             ? p.weight.as<const float>()
-                             : float_data(p.weight.data, p.weight.elem, p.weight.numel(), base + p.weight_scratch);
-  float* patches = p.patches_scratch < 0 ? nullptr : base + p.patches_scratch;
+  const int64_t sample = g.in_channels * g.in_plane(), pixels = g.pixels(), group_out = g.group_out();
+  const size_t x_es = elem_size(p.x.elem), out_es = elem_size(p.out.elem);
+  const float* bias =
+      p.bias ? float_data(p.bias->data, p.bias->elem, g.out_channels, base + std::max<int64_t>(p.bias_scratch, 0))
+             : nullptr;
   for (int64_t n = 0; n < g.batch; ++n) {
-    const float* x = p.x_scratch < 0 ? p.x.as<const float>() + n * sample_size
-                                     : float_data(p.x.data + static_cast<size_t>(n * sample_size) * elem_size(p.x.elem),
-                                                  p.x.elem, sample_size, base + p.x_scratch);
+    const std::byte* x_bytes = p.x.data + static_cast<size_t>(n * sample) * x_es;
+    // The im2col gather reads fp32; a pointwise product packs straight from any float type.
+    const float* x = nullptr;
+    if (!g.pointwise()) x = float_data(x_bytes, p.x.elem, sample, base + std::max<int64_t>(p.x_scratch, 0));
     for (int64_t group = 0; group < g.groups; ++group) {
-      const float* input = x + group * g.group_in() * g.in_plane();
-      const float* b = input;
-      if (patches) {
-        pool.parallel_for(patch, 8, [&](int64_t begin, int64_t end, int) {
-          for (int64_t row = begin; row < end; ++row) patch_row(input, g, row, patches + row * pixels);
-        });
-        b = patches;
-      }
       const int64_t first_channel = group * group_out;
-      float* c =
-          p.c_scratch < 0 ? p.out.as<float>() + (n * g.out_channels + first_channel) * pixels : base + p.c_scratch;
-      ops::gemm_f32({.m = group_out,
-                     .n = pixels,
-                     .k = patch,
-                     .a = weights + first_channel * patch,
-                     .lda = patch,
-                     .b = b,
-                     .ldb = pixels,
-                     .c = c,
-                     .ldc = pixels});
-      const bool needs_epilogue = p.bias || p.residual || p.activation || p.c_scratch >= 0;
-      if (!needs_epilogue) continue;
+      const int64_t at = (n * g.out_channels + first_channel) * pixels;
+      GemmEpilogue epilogue;
+      epilogue.bias = bias ? bias + first_channel : nullptr;
+      if (p.residual) {
+        epilogue.residual = p.residual->data + static_cast<size_t>(at) * elem_size(p.residual->elem);
+        epilogue.residual_elem = p.residual->elem;
+        epilogue.residual_ld = pixels;
+      }
+      epilogue.activation = p.gemm_activation;
+      epilogue.low = p.low;
+      epilogue.high = p.high;
+      std::byte* out = p.out.data + static_cast<size_t>(at) * out_es;
+      const bool via_scratch = p.c_scratch >= 0;
+      const GemmOutput c{via_scratch ? reinterpret_cast<std::byte*>(base + p.c_scratch) : out,
+                         via_scratch ? Elem::F32 : p.out.elem, pixels};
+      if (p.winograd) {
+        p.winograd->run(x, base + p.winograd_scratch, c, epilogue, pool, scratch);
+      } else {
+        run_group_gemm(p, group, x_bytes, x, c, epilogue, pool, scratch);
+      }
+      if (!p.activation) continue;
+      float* sums = reinterpret_cast<float*>(c.data);
       pool.parallel_for(group_out, 4, [&](int64_t begin, int64_t end, int) {
-        for (int64_t o = begin; o < end; ++o) epilogue(p, n, first_channel + o, c + o * pixels);
+        for (int64_t o = begin; o < end; ++o) {
+          float* row = sums + o * pixels;
+          apply_unary(*p.activation, row, row, pixels);
+          store_floats(row, out + static_cast<size_t>(o * pixels) * out_es, p.out.elem, pixels);
+        }
       });
     }
   }
+}
+
+// ---- depthwise: every output channel reads one input channel ----
+
+// One output channel's plane, accumulated row by row over the kernel taps in fp32.
+void depthwise_plane(const ConvPlan& p, const float* in, const float* w, float bias, float* out) {
+  const ConvGeometry& g = p.g;
+  const int64_t height = g.in[0], width = g.in[1], out_h = g.out[0], out_w = g.out[1], sx = g.stride[1];
+  for (int64_t oy = 0; oy < out_h; ++oy) {
+    float* row = out + oy * out_w;
+    std::fill(row, row + out_w, bias);
+    for (int64_t ky = 0; ky < g.kernel[0]; ++ky) {
+      const int64_t iy = oy * g.stride[0] - g.pad[0] + ky * g.dilation[0];
+      if (iy < 0 || iy >= height) continue;
+      const float* src = in + iy * width;
+      for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
+        const float weight = w[ky * g.kernel[1] + kx];
+        const int64_t shift = kx * g.dilation[1] - g.pad[1];
+        // Output columns whose input column ox * sx + shift lies inside [0, width).
+        const int64_t begin = std::min(out_w, shift >= 0 ? 0 : ceil_div(-shift, sx));
+        const int64_t end = std::clamp(shift < width ? (width - 1 - shift) / sx + 1 : 0, begin, out_w);
+        if (sx == 1) {
+          const float* s = src + shift;
+          for (int64_t ox = begin; ox < end; ++ox) row[ox] += weight * s[ox];
+        } else {
+          for (int64_t ox = begin; ox < end; ++ox) row[ox] += weight * src[ox * sx + shift];
+        }
+      }
+    }
+  }
+}
+
+void run_depthwise(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
+  const ConvGeometry& g = p.g;
+  const int64_t pixels = g.pixels(), plane = g.in_plane(), taps = g.kernel[0] * g.kernel[1];
+  const int64_t multiplier = g.group_out();
+  const float* weights = scratch.shared_as<float>();  // converted once per run below when not fp32
+  if (p.weight.elem == Elem::F32) {
+    weights = p.weight.as<const float>();
+  } else {
+    to_float(p.weight.data, p.weight.elem, scratch.shared_as<float>(), p.weight.numel());
+  }
+  pool.parallel_for(g.batch * g.out_channels, 1, [&](int64_t begin, int64_t end, int worker) {
+    float* sums = scratch.worker_as<float>(worker);
+    float* converted = sums + (pixels + 15) / 16 * 16;
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t n = index / g.out_channels, o = index % g.out_channels, c = o / multiplier;
+      const int64_t in_at = (n * g.in_channels + c) * plane, out_at = index * pixels;
+      const float* in =
+          float_data(p.x.data + static_cast<size_t>(in_at) * elem_size(p.x.elem), p.x.elem, plane, converted);
+      const float bias = p.bias ? load_float(p.bias->data, p.bias->elem, o) : 0.0f;
+      depthwise_plane(p, in, weights + o * taps, bias, sums);
+      if (p.residual) {
+        const Buffer& r = *p.residual;
+        const float* add =
+            float_data(r.data + static_cast<size_t>(out_at) * elem_size(r.elem), r.elem, pixels, converted);
+        for (int64_t j = 0; j < pixels; ++j) sums[j] += add[j];
+      }
+      if (p.gemm_activation == GemmActivation::Relu)
+        apply_unary({UnaryKind::Relu}, sums, sums, pixels);
+      else if (p.gemm_activation == GemmActivation::Clamp)
+        apply_unary({UnaryKind::Clamp, p.low, p.high}, sums, sums, pixels);
+      if (p.activation) apply_unary(*p.activation, sums, sums, pixels);
+      store_floats(sums, p.out.data + static_cast<size_t>(out_at) * elem_size(p.out.elem), p.out.elem, pixels);
+    }
+  });
 }
 
 std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t> bias, std::optional<size_t> residual,
                                   std::optional<UnaryStep> activation) {
   if (ctx.outputs.size() != 1 || ctx.inputs.size() < 2) return std::nullopt;
   for (const Buffer& in : ctx.inputs)
-    if (!is_floating(in.meta.dtype)) return std::nullopt;
-  ConvPlan p;
+    if (!is_floating(in.meta.dtype) || !is_float_elem(in.elem)) return std::nullopt;
+  if (!is_float_elem(ctx.outputs[0].elem)) return std::nullopt;
+  auto plan = std::make_shared<ConvPlan>();
+  ConvPlan& p = *plan;
   p.x = ctx.inputs[0];
   p.weight = ctx.inputs[1];
   p.out = ctx.outputs[0];
@@ -207,29 +287,54 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
     p.residual = ctx.inputs[*residual];
     if (p.residual->meta.shape != p.out.meta.shape) return std::nullopt;
   }
-  p.activation = activation;
+  split_activation(p, activation);
   Kernel kernel;
   if (p.out.numel() == 0) {
     kernel.run = [] {};
     return kernel;
   }
+  // Each residual element is read right before the output element at the same position is written.
+  if (residual) kernel.shareable_inputs = {*residual};
   int64_t floats = 0;
   auto reserve = [&floats](int64_t count) {
     const int64_t at = floats;
     floats += (count + 15) / 16 * 16;
     return at;
   };
-  if (p.x.elem != Elem::F32) p.x_scratch = reserve(p.g.in_channels * p.g.in_plane());
-  if (p.weight.elem != Elem::F32) p.weight_scratch = reserve(p.weight.numel());
-  if (!p.g.pointwise()) p.patches_scratch = reserve(p.g.patch() * p.g.pixels());
-  // An output written over its residual needs the sums elsewhere until the epilogue has read the residual.
-  const bool over_residual = p.residual && p.residual->data == p.out.data;
-  if (p.out.elem != Elem::F32 || over_residual) p.c_scratch = reserve(p.g.group_out() * p.g.pixels());
+
+  if (p.g.depthwise()) {
+    if (p.weight.elem != Elem::F32) reserve(p.weight.numel());
+    ctx.scratch.reserve_shared(floats_bytes(floats));
+    ctx.scratch.reserve_per_worker(
+        floats_bytes((p.g.pixels() + 15) / 16 * 16 + std::max(p.g.in_plane(), p.g.pixels())));
+    kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_depthwise(*plan, *pool, *scratch); };
+    return kernel;
+  }
+
+  const ConvGeometry& geo = p.g;
+  const WinogradConv::Geometry winograd{geo.in_channels, geo.out_channels, geo.in[0],  geo.in[1],
+                                        geo.pad[0],      geo.pad[1],       geo.out[0], geo.out[1]};
+  const bool three_by_three = geo.kernel == std::array<int64_t, 2>{3, 3} &&
+                              geo.stride == std::array<int64_t, 2>{1, 1} &&
+                              geo.dilation == std::array<int64_t, 2>{1, 1} && geo.groups == 1;
+  if (three_by_three && fixed_input(ctx, 1) && WinogradConv::suitable(winograd)) {
+    p.winograd.emplace(winograd, p.weight.data, p.weight.elem, ctx.scratch);
+    p.winograd_scratch = reserve(p.winograd->workspace_floats());
+  } else if (fixed_input(ctx, 1)) {
+    const size_t w_es = elem_size(p.weight.elem);
+    for (int64_t group = 0; group < geo.groups; ++group)
+      p.packed.push_back(PackedMatrix::pack(
+          GemmSide::A, p.weight.data + static_cast<size_t>(group * geo.group_out() * geo.patch()) * w_es, p.weight.elem,
+          geo.group_out(), geo.patch()));
+  }
+  if (!p.winograd)
+    p.gemm = PackedGemm({.m = geo.group_out(), .n = geo.pixels(), .k = geo.patch(), .a_prepacked = !p.packed.empty()},
+                        ctx.scratch);
+  if (p.bias && p.bias->elem != Elem::F32) p.bias_scratch = reserve(geo.out_channels);
+  if (!geo.pointwise() && p.x.elem != Elem::F32) p.x_scratch = reserve(geo.in_channels * geo.in_plane());
+  if (p.activation && p.out.elem != Elem::F32) p.c_scratch = reserve(geo.group_out() * geo.pixels());
   ctx.scratch.reserve_shared(floats_bytes(floats));
-  auto plan = std::make_shared<const ConvPlan>(std::move(p));
-  kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_conv(*plan, *pool, *scratch); };
-  // Each residual row is read right before the same output row is written.
-  if (residual) kernel.shareable_inputs = {*residual};
+  kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_gemm_conv(*plan, *pool, *scratch); };
   return kernel;
 }
 

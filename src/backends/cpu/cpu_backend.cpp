@@ -93,7 +93,8 @@ class CpuPreparedProgram final : public PreparedProgram {
         plan_(program.plan),
         floats_(float_storage(program.compute_dtype)),
         pool_(options.threads),
-        poison_(options.poison_memory) {
+        poison_(options.poison_memory),
+        options_(options) {
     check_supported(graph_);
     if (plan_.values.size() != graph_.values.size())
       fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) +
@@ -303,8 +304,11 @@ class CpuPreparedProgram final : public PreparedProgram {
   // ---- kernels ----
 
   KernelContext context_for(const Node& node) {
-    KernelContext ctx{node, {}, {}, pool_, scratch_};
-    for (ValueId id : node.inputs) ctx.inputs.push_back(buffer(id));
+    KernelContext ctx{node, {}, {}, pool_, scratch_, &options_, {}};
+    for (ValueId id : node.inputs) {
+      ctx.inputs.push_back(buffer(id));
+      ctx.constant_inputs.push_back(graph_.value(id).kind == ValueKind::Weight);
+    }
     for (ValueId id : node.outputs) ctx.outputs.push_back(buffer(id));
     return ctx;
   }
@@ -530,6 +534,7 @@ class CpuPreparedProgram final : public PreparedProgram {
   std::vector<KernelTiming> timings_;
   bool profiling_ = false;
   bool poison_ = false;
+  CpuOptions options_;
 };
 
 }  // namespace

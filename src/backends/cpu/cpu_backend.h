@@ -1,6 +1,7 @@
 #pragma once
 // The CPU backend: every node gets a kernel chosen and parameterized at prepare time; nodes without one run the
 // registry's reference implementation on converted copies (the fallback), and the prepared program says which.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,11 +10,17 @@
 
 namespace npusim::cpu {
 
+// How linear layers keep their weights: as stored, or quantized once at prepare time to symmetric int8 with fp32
+// scales (per output channel, or per group of `quantization_group` input values when that is a multiple of 8).
+enum class WeightQuantization : uint8_t { None, Int8 };
+
 struct CpuOptions {
   int threads = 0;  // counting the calling thread; 0: one per hardware thread
   // Fill all activation memory with 0xff bytes (NaN for floats, -1 for integers, 255 for bools) before every run,
   // so that an element a kernel forgets to write, or a value read before it is written, shows in the outputs.
   bool poison_memory = false;
+  WeightQuantization weights = WeightQuantization::None;
+  int64_t quantization_group = 0;  // 0: one scale per output channel
 };
 
 class CpuBackend : public Backend {

@@ -27,6 +27,7 @@ const KernelTable& kernel_table() {
     add_linalg_kernels(t);
     add_conv_kernels(t);
     add_nn_kernels(t);
+    add_pool_kernels(t);
     add_reduction_kernels(t);
     return t;
   }();

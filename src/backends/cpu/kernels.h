@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/storage.h"
 #include "backends/cpu/thread_pool.h"
 #include "npusim/graph.h"
@@ -65,6 +66,8 @@ struct KernelContext {
   std::vector<Buffer> outputs;
   ThreadPool& pool;
   ScratchSpace& scratch;
+  const CpuOptions* options = nullptr;  // the backend's options; null: the defaults
+  std::vector<bool> constant_inputs;    // by input index: a weight, fixed for the life of the prepared program
 };
 
 struct Kernel {
@@ -97,6 +100,7 @@ void add_shape_kernels(KernelTable& table);
 void add_linalg_kernels(KernelTable& table);
 void add_conv_kernels(KernelTable& table);
 void add_nn_kernels(KernelTable& table);
+void add_pool_kernels(KernelTable& table);
 void add_reduction_kernels(KernelTable& table);
 
 // ---- helpers shared by kernel files ----

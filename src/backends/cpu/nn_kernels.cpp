@@ -730,7 +730,6 @@ void add_nn_kernels(KernelTable& table) {
   table.add("batch_norm", batch_norm);
   table.add("native_batch_norm", batch_norm);
   table.add("embedding", embedding);
-  table.add("max_pool2d", max_pool);
   table.add("max_pool2d_with_indices", max_pool);
   table.add("avg_pool2d", avg_pool);
   table.add("adaptive_avg_pool2d", adaptive_avg_pool2d);

@@ -1,0 +1,608 @@
+// The packed GEMM: BLIS-style loops over column blocks (jc, nc wide), row blocks (ic, mc high) and depth blocks (pc,
+// kc deep), then B panels (jr) and A panels (ir) of one 6x16 micro-tile each. Sums of a row block accumulate in a
+// per-worker fp32 buffer [mc, nc] (L2-resident) and go through the epilogue into C once the whole depth is done,
+// so C may be fp16/bf16 and the residual may be C itself. A B operand that is not prepacked is packed for the full
+// depth of one column block at a time (nc shrinks as k grows), an A operand one [mc, kc] block at a time.
+#include "backends/cpu/packed_gemm.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define NPUSIM_GEMM_X86 1
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "npusim/error.h"
+
+namespace npusim::cpu {
+
+namespace {
+
+constexpr int64_t MR = kGemmTileRows;
+constexpr int64_t NR = kGemmTileCols;
+constexpr int64_t kMaxDepthBlock = 256;  // kc: a B micro-panel of 256 x 16 floats fills half of L1
+// With few columns, A streams from memory once: longer runs of each A panel suit the hardware prefetcher better.
+constexpr int64_t kMaxDepthBlockFewColumns = 512;
+constexpr int64_t kMaxRowBlock = 96;                     // mc: an A block of 96 x 256 floats (96 KiB) stays in L2
+constexpr int64_t kMaxColBlock = 512;                    // nc
+constexpr int64_t kPackedBBlockBytes = 3 << 19;          // an on-the-fly B block [k, nc] stays within 1.5 MiB
+constexpr int64_t kMinMacsPerThread = int64_t{1} << 19;  // below this, waking a worker costs more than it saves
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+void require(bool condition, const char* what) {
+  if (!condition) fail(std::string("packed GEMM: ") + what);
+}
+
+// ---- micro-kernels: c[6, 16] (row stride ldc) = (accumulate ? c : 0) + a-panel · b-panel over kc steps ----
+
+using MicroKernel = void (*)(int64_t kc, const float* a, const std::byte* b, float* c, int64_t ldc, bool accumulate);
+
+template <Elem BE>
+void load_b_row(const std::byte* b, float* out) {
+  if constexpr (BE == Elem::F32) {
+    std::memcpy(out, b, NR * sizeof(float));
+  } else {
+    to_float(b, BE, out, NR);
+  }
+}
+
+template <Elem BE>
+void micro_portable(int64_t kc, const float* a, const std::byte* b, float* c, int64_t ldc, bool accumulate) {
+  constexpr size_t kBytes = BE == Elem::F32 ? 4 : 2;
+  float sums[MR][NR] = {};
+  alignas(64) float row[NR];
+  for (int64_t p = 0; p < kc; ++p) {
+    load_b_row<BE>(b + static_cast<size_t>(p) * NR * kBytes, row);
+    for (int64_t r = 0; r < MR; ++r) {
+      const float ar = a[p * MR + r];
+      for (int64_t j = 0; j < NR; ++j) sums[r][j] += ar * row[j];
+    }
+  }
+  for (int64_t r = 0; r < MR; ++r)
+    for (int64_t j = 0; j < NR; ++j) c[r * ldc + j] = (accumulate ? c[r * ldc + j] : 0.0f) + sums[r][j];
+}
+
+#ifdef NPUSIM_GEMM_X86
+template <Elem BE>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void load_b_avx2(const std::byte* b, __m256& lo,
+                                                                                __m256& hi) {
+  if constexpr (BE == Elem::F32) {
+    lo = _mm256_loadu_ps(reinterpret_cast<const float*>(b));
+    hi = _mm256_loadu_ps(reinterpret_cast<const float*>(b) + 8);
+  } else if constexpr (BE == Elem::BF16) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(raw)), 16));
+    hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(raw, 1)), 16));
+  } else {
+    lo = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+    hi = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b) + 1));
+  }
+}
+
+// Vectors is 2 for the full 6x16 tile, 1 for a 6x8 tile (a last B panel at most half full).
+template <Elem BE, int Vectors>
+__attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float* a, const std::byte* b, float* c,
+                                                         int64_t ldc, bool accumulate) {
+  constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int64_t p = 0; p < kc; ++p, a += MR, b += kStep) {
+    __m256 b0, b1;
+    load_b_avx2<BE>(b, b0, b1);
+    __m256 ar = _mm256_broadcast_ss(a + 0);
+    c00 = _mm256_fmadd_ps(ar, b0, c00);
+    if constexpr (Vectors == 2) c01 = _mm256_fmadd_ps(ar, b1, c01);
+    ar = _mm256_broadcast_ss(a + 1);
+    c10 = _mm256_fmadd_ps(ar, b0, c10);
+    if constexpr (Vectors == 2) c11 = _mm256_fmadd_ps(ar, b1, c11);
+    ar = _mm256_broadcast_ss(a + 2);
+    c20 = _mm256_fmadd_ps(ar, b0, c20);
+    if constexpr (Vectors == 2) c21 = _mm256_fmadd_ps(ar, b1, c21);
+    ar = _mm256_broadcast_ss(a + 3);
+    c30 = _mm256_fmadd_ps(ar, b0, c30);
+    if constexpr (Vectors == 2) c31 = _mm256_fmadd_ps(ar, b1, c31);
+    ar = _mm256_broadcast_ss(a + 4);
+    c40 = _mm256_fmadd_ps(ar, b0, c40);
+    if constexpr (Vectors == 2) c41 = _mm256_fmadd_ps(ar, b1, c41);
+    ar = _mm256_broadcast_ss(a + 5);
+    c50 = _mm256_fmadd_ps(ar, b0, c50);
+    if constexpr (Vectors == 2) c51 = _mm256_fmadd_ps(ar, b1, c51);
+  }
+  const __m256 sums[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  for (int64_t r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    for (int v = 0; v < Vectors; ++v) {
+      __m256 sum = sums[r][v];
+      if (accumulate) sum = _mm256_add_ps(sum, _mm256_loadu_ps(row + 8 * v));
+      _mm256_storeu_ps(row + 8 * v, sum);
+    }
+  }
+}
+
+#endif  // NPUSIM_GEMM_X86
+
+bool cpu_has_avx2() {
+#ifdef NPUSIM_GEMM_X86
+  static const bool has =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  return has;
+#else
+  return false;
+#endif
+}
+
+std::atomic<GemmKernelChoice> g_choice{GemmKernelChoice::Best};
+
+bool use_avx2() { return g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best && cpu_has_avx2(); }
+
+// The micro-kernel for B panels of `b_elem`; `narrow` when only the first half of the panel's columns count.
+MicroKernel micro_kernel(Elem b_elem, bool avx2, bool narrow) {
+#ifdef NPUSIM_GEMM_X86
+  if (avx2) {
+    switch (b_elem) {
+      case Elem::BF16:
+        return narrow ? micro_avx2<Elem::BF16, 1> : micro_avx2<Elem::BF16, 2>;
+      case Elem::F16:
+        return narrow ? micro_avx2<Elem::F16, 1> : micro_avx2<Elem::F16, 2>;
+      default:
+        return narrow ? micro_avx2<Elem::F32, 1> : micro_avx2<Elem::F32, 2>;
+    }
+  }
+#endif
+  (void)avx2;
+  (void)narrow;
+  switch (b_elem) {
+    case Elem::BF16:
+      return micro_portable<Elem::BF16>;
+    case Elem::F16:
+      return micro_portable<Elem::F16>;
+    default:
+      return micro_portable<Elem::F32>;
+  }
+}
+
+// ---- packing ----
+
+#ifdef NPUSIM_GEMM_X86
+// out[j] = src[2 * j] for j < count; src[2 * j + 1] may be read for j < pairs (pairs <= count).
+__attribute__((target("avx2"))) void gather_stride2_avx2(const float* src, float* out, int64_t count, int64_t pairs) {
+  int64_t j = 0;
+  for (; j + 8 <= pairs; j += 8) {
+    const __m256 lo = _mm256_loadu_ps(src + 2 * j), hi = _mm256_loadu_ps(src + 2 * j + 8);
+    const __m256 even = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0));  // a0 a2 b0 b2 | a4 a6 b4 b6
+    _mm256_storeu_ps(out + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), _MM_SHUFFLE(3, 1, 2, 0))));
+  }
+  for (; j < count; ++j) out[j] = src[2 * j];
+}
+#endif
+
+// Rows [row0, row0 + rows) x depth [p0, p0 + kc) of a strided A into panels of MR rows (kc * MR floats each).
+void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst) {
+  const size_t es = elem_size(a.elem);
+  alignas(64) float line[std::max(kMaxDepthBlock, kMaxDepthBlockFewColumns)];
+  for (int64_t ir = 0; ir < rows; ir += MR) {
+    float* panel = dst + ir / MR * kc * MR;
+    const int64_t height = std::min(MR, rows - ir);
+    if (a.transposed) {  // element (i, p) at data[p * ld + i]: MR values of one depth step are contiguous
+      for (int64_t p = 0; p < kc; ++p) {
+        const std::byte* src = a.data + static_cast<size_t>((p0 + p) * a.ld + row0 + ir) * es;
+        float* out = panel + p * MR;
+        if (a.elem == Elem::F32)
+          std::memcpy(out, src, static_cast<size_t>(height) * sizeof(float));
+        else
+          to_float(src, a.elem, out, height);
+        std::fill(out + height, out + MR, 0.0f);
+      }
+      continue;
+    }
+    for (int64_t r = 0; r < MR; ++r) {
+      if (r >= height) {
+        for (int64_t p = 0; p < kc; ++p) panel[p * MR + r] = 0.0f;
+        continue;
+      }
+      const std::byte* src = a.data + static_cast<size_t>((row0 + ir + r) * a.ld + p0) * es;
+      const float* values = reinterpret_cast<const float*>(src);
+      if (a.elem != Elem::F32) {
+        to_float(src, a.elem, line, kc);
+        values = line;
+      }
+      for (int64_t p = 0; p < kc; ++p) panel[p * MR + r] = values[p];
+    }
+  }
+}
+
+// The same block of a prepacked half-precision A, converted to fp32 panels.
+void pack_a_converted(const PackedMatrix& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst) {
+  const size_t es = elem_size(a.elem());
+  for (int64_t ir = 0; ir < rows; ir += MR)
+    to_float(a.panel((row0 + ir) / MR) + static_cast<size_t>(p0 * MR) * es, a.elem(), dst + ir / MR * kc * MR, kc * MR);
+}
+
+// Columns [col0, col0 + cols) of a strided B over its whole depth k into panels of NR columns (k * NR floats each).
+void pack_b_strided(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, float* dst) {
+  const size_t es = elem_size(b.elem);
+  alignas(64) float line[NR];
+  for (int64_t jr = 0; jr < cols; jr += NR) {
+    float* panel = dst + jr / NR * k * NR;
+    const int64_t width = std::min(NR, cols - jr);
+    if (!b.transposed) {                         // element (p, j) at data[p * ld + j]: a panel row is contiguous
+      if (b.elem == Elem::F32 && width == NR) {  // the common case, as fixed-size copies
+        const float* src = reinterpret_cast<const float*>(b.data) + col0 + jr;
+        for (int64_t p = 0; p < k; ++p) std::memcpy(panel + p * NR, src + p * b.ld, NR * sizeof(float));
+        continue;
+      }
+      for (int64_t p = 0; p < k; ++p) {
+        const std::byte* src = b.data + static_cast<size_t>(p * b.ld + col0 + jr) * es;
+        float* out = panel + p * NR;
+        if (b.elem == Elem::F32)
+          std::memcpy(out, src, static_cast<size_t>(width) * sizeof(float));
+        else
+          to_float(src, b.elem, out, width);
+        std::fill(out + width, out + NR, 0.0f);
+      }
+      continue;
+    }
+    for (int64_t j = 0; j < NR; ++j) {
+      if (j >= width) {
+        for (int64_t p = 0; p < k; ++p) panel[p * NR + j] = 0.0f;
+        continue;
+      }
+      const std::byte* src = b.data + static_cast<size_t>((col0 + jr + j) * b.ld) * es;
+      for (int64_t p0 = 0; p0 < k; p0 += NR) {
+        const int64_t count = std::min(NR, k - p0);
+        const float* values = reinterpret_cast<const float*>(src) + p0;
+        if (b.elem != Elem::F32) {
+          to_float(src + static_cast<size_t>(p0) * es, b.elem, line, count);
+          values = line;
+        }
+        for (int64_t p = 0; p < count; ++p) panel[(p0 + p) * NR + j] = values[p];
+      }
+    }
+  }
+}
+
+// Columns [col0, col0 + cols) of a convolution's patch matrix over its whole depth into panels of NR columns. A
+// panel's columns split into runs that lie in one output row; per kernel tap, each run reads one input row with a
+// fixed stride, zero where the tap falls into the padding.
+void pack_b_im2col(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols, float* dst, bool avx2) {
+  struct Run {
+    int64_t lane, count, iy, ix;  // first lane, lanes, input coordinates of the first lane's top-left tap
+  };
+  const int64_t plane = s.height * s.width, sx = s.stride_w;
+  (void)avx2;  // only x86 has a vector gather
+  for (int64_t jr = 0; jr < cols; jr += NR) {
+    float* panel = dst + jr / NR * k * NR;
+    const int64_t width = std::min(NR, cols - jr);
+    Run runs[NR];
+    int count = 0;
+    for (int64_t j = 0; j < width;) {
+      const int64_t pixel = col0 + jr + j, oy = pixel / s.out_w, ox = pixel % s.out_w;
+      const int64_t lanes = std::min(width - j, s.out_w - ox);
+      runs[count++] = {j, lanes, oy * s.stride_h - s.pad_h, ox * sx - s.pad_w};
+      j += lanes;
+    }
+    // Row p = (channel, ky, kx), stepped without divisions.
+    int64_t channel = 0, ky = 0, kx = 0;
+    for (int64_t p = 0; p < k; ++p, ++kx) {
+      if (kx == s.kernel_w) {
+        kx = 0;
+        if (++ky == s.kernel_h) {
+          ky = 0;
+          ++channel;
+        }
+      }
+      const int64_t dy = ky * s.dilation_h, dx = kx * s.dilation_w;
+      const float* in = s.input + channel * plane;
+      float* out = panel + p * NR;
+      for (int r = 0; r < count; ++r) {
+        const Run& run = runs[r];
+        float* o = out + run.lane;
+        const int64_t iy = run.iy + dy, ix = run.ix + dx;
+        if (iy < 0 || iy >= s.height) {
+          std::fill(o, o + run.count, 0.0f);
+          continue;
+        }
+        // Lanes [first, last) read inside the row (divisions only at the borders: they are slow).
+        int64_t first = 0, last = run.count;
+        if (ix < 0) first = std::min(run.count, ceil_div(-ix, sx));
+        if (ix + (run.count - 1) * sx >= s.width)
+          last = std::clamp<int64_t>(ix < s.width ? (s.width - 1 - ix) / sx + 1 : 0, first, run.count);
+        const float* src = in + iy * s.width + ix;
+        std::fill(o, o + first, 0.0f);
+        if (sx == 1) {
+          std::memcpy(o + first, src + first, static_cast<size_t>(last - first) * sizeof(float));
+#ifdef NPUSIM_GEMM_X86
+        } else if (sx == 2 && avx2) {
+          // Lanes j whose right neighbour ix + 2j + 1 is still inside the row can be read in pairs.
+          const int64_t pairs = std::clamp<int64_t>((s.width - ix) / 2, first, last);
+          gather_stride2_avx2(src + 2 * first, o + first, last - first, pairs - first);
+#endif
+        } else {
+          for (int64_t j = first; j < last; ++j) o[j] = src[j * sx];
+        }
+        std::fill(o + last, o + run.count, 0.0f);
+      }
+      std::fill(out + width, out + NR, 0.0f);
+    }
+  }
+}
+
+// ---- epilogue ----
+
+// Sums [rows, cols] (row stride ld_sums, changed in place) through the epilogue into C at (row0, col0).
+void store_rows(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                const GemmOutput& c, const GemmEpilogue& e) {
+  const size_t out_es = elem_size(c.elem);
+  alignas(64) float residual_row[kMaxColBlock];
+  for (int64_t i = 0; i < rows; ++i) {
+    float* v = sums + i * ld_sums;
+    const int64_t row = row0 + i;
+    if (e.bias && e.bias_per_column) {
+      const float* bias = e.bias + col0;
+      for (int64_t j = 0; j < cols; ++j) v[j] += bias[j];
+    } else if (e.bias) {
+      const float bias = e.bias[row];
+      for (int64_t j = 0; j < cols; ++j) v[j] += bias;
+    }
+    if (e.residual) {
+      const std::byte* src = e.residual + static_cast<size_t>(row * e.residual_ld + col0) * elem_size(e.residual_elem);
+      const float* add = reinterpret_cast<const float*>(src);
+      if (e.residual_elem != Elem::F32) {
+        to_float(src, e.residual_elem, residual_row, cols);
+        add = residual_row;
+      }
+      for (int64_t j = 0; j < cols; ++j) v[j] += add[j];
+    }
+    if (e.activation == GemmActivation::Relu) {
+      for (int64_t j = 0; j < cols; ++j) v[j] = v[j] < 0.0f ? 0.0f : v[j];
+    } else if (e.activation == GemmActivation::Clamp) {
+      const float low = e.low, high = e.high;
+      for (int64_t j = 0; j < cols; ++j) v[j] = v[j] < low ? low : (v[j] > high ? high : v[j]);
+    }
+    std::byte* out = c.data + static_cast<size_t>(row * c.ld + col0) * out_es;
+    if (c.elem == Elem::F32)
+      std::memcpy(out, v, static_cast<size_t>(cols) * sizeof(float));
+    else
+      from_float(v, out, c.elem, cols);
+  }
+}
+
+// ---- the product over one worker's region ----
+
+struct Region {
+  int64_t row0 = 0, row1 = 0, col0 = 0, col1 = 0;
+};
+
+struct Operands {
+  const GemmOperand& a;
+  const GemmOperand& b;
+  const GemmOutput& c;
+  const GemmEpilogue& epilogue;
+};
+
+struct WorkerBuffers {
+  float* sums;     // [mc, nc]
+  float* a_block;  // [mc, kc]
+  float* b_block;  // [k, nc]
+};
+
+}  // namespace
+
+PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem, int64_t rows, int64_t cols, int64_t ld,
+                                bool transposed) {
+  require(is_float_elem(elem), "a packed operand must be fp32, fp16 or bf16");
+  require(rows >= 0 && cols >= 0, "negative operand size");
+  if (ld == 0) ld = transposed ? rows : cols;
+  require(ld >= (transposed ? rows : cols), "the row stride is smaller than a row");
+  PackedMatrix m;
+  m.side_ = side;
+  m.elem_ = elem;
+  m.rows_ = rows;
+  m.cols_ = cols;
+  const int64_t width = side == GemmSide::A ? MR : NR;       // values per depth step
+  const int64_t depth = side == GemmSide::A ? cols : rows;   // k
+  const int64_t extent = side == GemmSide::A ? rows : cols;  // m or n
+  const size_t es = elem_size(elem);
+  m.panel_bytes_ = static_cast<size_t>(round_up(std::max<int64_t>(1, depth * width) * static_cast<int64_t>(es), 64));
+  const int64_t panels = ceil_div(extent, width);
+  m.storage_ = AlignedBuffer(m.panel_bytes_ * static_cast<size_t>(panels));  // zero-filled: the padding
+  // Logical element (r, c) of the operand; for A the panel runs over rows, for B over columns.
+  auto source = [&](int64_t r, int64_t c) {
+    return data + static_cast<size_t>(transposed ? c * ld + r : r * ld + c) * es;
+  };
+  for (int64_t panel = 0; panel < panels; ++panel) {
+    std::byte* dst = m.storage_.data() + static_cast<size_t>(panel) * m.panel_bytes_;
+    const int64_t first = panel * width, count = std::min(width, extent - first);
+    for (int64_t p = 0; p < depth; ++p)
+      for (int64_t i = 0; i < count; ++i) {
+        const std::byte* src = side == GemmSide::A ? source(first + i, p) : source(p, first + i);
+        std::memcpy(dst + static_cast<size_t>(p * width + i) * es, src, es);
+      }
+  }
+  return m;
+}
+
+PackedGemm::PackedGemm(const GemmSpec& spec, ScratchSpace& scratch) : spec_(spec) {
+  require(spec.m >= 0 && spec.n >= 0 && spec.k >= 0, "negative product size");
+  const int64_t max_depth = spec.n <= 4 * NR ? kMaxDepthBlockFewColumns : kMaxDepthBlock;
+  const int64_t depth_blocks = std::max<int64_t>(1, ceil_div(spec.k, max_depth));
+  kc_ = std::max<int64_t>(1, ceil_div(spec.k, depth_blocks));
+  mc_ = std::min(kMaxRowBlock, round_up(std::max<int64_t>(spec.m, 1), MR));
+  nc_ = std::min(kMaxColBlock, round_up(std::max<int64_t>(spec.n, 1), NR));
+  if (!spec.b_prepacked) {
+    const int64_t fits = kPackedBBlockBytes / (std::max<int64_t>(spec.k, 1) * 4) / NR * NR;
+    nc_ = std::min(nc_, std::max(NR, fits));
+  }
+  int64_t floats = mc_ * nc_ + mc_ * kc_;
+  if (!spec.b_prepacked) floats += spec.k * nc_;
+  scratch.reserve_per_worker(static_cast<size_t>(floats) * sizeof(float));
+}
+
+namespace {
+
+// Splits `panels` into `parts` nearly equal runs; the start of run `index`.
+int64_t split(int64_t panels, int64_t parts, int64_t index) { return panels * index / parts; }
+
+struct Grid {
+  int64_t rows = 1, cols = 1;
+};
+
+// How `threads` workers divide the tiles: the split with the least work for the busiest worker, counting the
+// packing each worker repeats for its own columns and, when an operand is too large for the caches, its reads of it
+// (A once per column block, a prepacked B once per row block), which memory bandwidth makes far dearer than
+// multiply-adds.
+Grid choose_grid(int64_t threads, const GemmSpec& s, int64_t mc, int64_t nc, bool streams_a, bool streams_b) {
+  const int64_t m = s.m, n = s.n, k = s.k;
+  const int64_t row_panels = ceil_div(m, MR), col_panels = ceil_div(n, NR);
+  Grid best;
+  double best_cost = -1.0;
+  for (int64_t rows = 1; rows <= std::min(threads, row_panels); ++rows) {
+    const int64_t cols = std::min(threads / rows, col_panels);
+    const int64_t height = ceil_div(row_panels, rows) * MR, width = ceil_div(col_panels, cols) * NR;
+    double cost = static_cast<double>(height * width * k);
+    if (!s.b_prepacked) cost += 8.0 * static_cast<double>(width * k);
+    if (streams_a) cost += 16.0 * static_cast<double>(height * k * ceil_div(width, nc));
+    if (streams_b) cost += 16.0 * static_cast<double>(width * k * ceil_div(height, mc));
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best = {rows, cols};
+    }
+  }
+  return best;
+}
+
+void check_operand(const GemmOperand& operand, GemmSide side, bool prepacked, int64_t rows, int64_t cols) {
+  const char* name = side == GemmSide::A ? "A" : "B";
+  if (prepacked) {
+    const PackedMatrix* const* packed = std::get_if<const PackedMatrix*>(&operand);
+    require(packed && *packed, side == GemmSide::A ? "A was planned prepacked" : "B was planned prepacked");
+    require((*packed)->side() == side && (*packed)->rows() == rows && (*packed)->cols() == cols,
+            "a prepacked operand does not match the planned product");
+    return;
+  }
+  if (const StridedOperand* s = std::get_if<StridedOperand>(&operand)) {
+    require(is_float_elem(s->elem), "a strided operand must be fp32, fp16 or bf16");
+    require(rows * cols == 0 || s->data, "a strided operand has no data");
+    require(s->ld >= (s->transposed ? rows : cols) && s->ld >= 0, "a strided operand's row stride is too small");
+    return;
+  }
+  if (const Im2colOperand* s = std::get_if<Im2colOperand>(&operand)) {
+    require(side == GemmSide::B, "only B can be an im2col operand");
+    require(s->channels * s->kernel_h * s->kernel_w == rows && s->out_h * s->out_w == cols,
+            "the im2col operand does not match the planned product");
+    require(rows * cols == 0 || s->input, "the im2col operand has no input");
+    return;
+  }
+  fail(std::string("packed GEMM: operand ") + name + " was planned to be packed during the product");
+}
+
+void run_region(const Region& region, const Operands& ops, const GemmSpec& spec, int64_t kc, int64_t mc, int64_t nc,
+                const WorkerBuffers& buffers, bool avx2) {
+  const int64_t k = spec.k;
+  const PackedMatrix* packed_a = spec.a_prepacked ? std::get<const PackedMatrix*>(ops.a) : nullptr;
+  const PackedMatrix* packed_b = spec.b_prepacked ? std::get<const PackedMatrix*>(ops.b) : nullptr;
+  const bool direct_a = packed_a && packed_a->elem() == Elem::F32;
+  const Elem b_elem = packed_b ? packed_b->elem() : Elem::F32;
+  const MicroKernel micro = micro_kernel(b_elem, avx2, false), narrow = micro_kernel(b_elem, avx2, true);
+  const size_t b_es = packed_b ? elem_size(packed_b->elem()) : sizeof(float);
+  for (int64_t jc = region.col0; jc < region.col1; jc += nc) {
+    const int64_t cols = std::min(nc, region.col1 - jc);
+    if (!packed_b) {
+      if (const auto* s = std::get_if<StridedOperand>(&ops.b))
+        pack_b_strided(*s, k, jc, cols, buffers.b_block);
+      else
+        pack_b_im2col(std::get<Im2colOperand>(ops.b), k, jc, cols, buffers.b_block, avx2);
+    }
+    for (int64_t ic = region.row0; ic < region.row1; ic += mc) {
+      const int64_t rows = std::min(mc, region.row1 - ic);
+      if (k == 0)
+        for (int64_t i = 0; i < rows; ++i) std::fill(buffers.sums + i * nc, buffers.sums + i * nc + cols, 0.0f);
+      for (int64_t pc = 0; pc < k; pc += kc) {
+        const int64_t depth = std::min(kc, k - pc);
+        if (!direct_a) {
+          if (packed_a)
+            pack_a_converted(*packed_a, ic, rows, pc, depth, buffers.a_block);
+          else
+            pack_a_strided(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, buffers.a_block);
+        }
+        for (int64_t jr = 0; jr < cols; jr += NR) {
+          const std::byte* b_panel =
+              packed_b ? packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es
+                       : reinterpret_cast<const std::byte*>(buffers.b_block + jr / NR * k * NR + pc * NR);
+          for (int64_t ir = 0; ir < rows; ir += MR) {
+            const float* a_panel = direct_a ? reinterpret_cast<const float*>(packed_a->panel((ic + ir) / MR)) + pc * MR
+                                            : buffers.a_block + ir / MR * depth * MR;
+            (cols - jr <= NR / 2 ? narrow : micro)(depth, a_panel, b_panel, buffers.sums + ir * nc + jr, nc, pc > 0);
+          }
+        }
+      }
+      store_rows(buffers.sums, nc, rows, cols, ic, jc, ops.c, ops.epilogue);
+    }
+  }
+}
+
+}  // namespace
+
+void PackedGemm::check(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c,
+                       const GemmEpilogue& epilogue) const {
+  const GemmSpec& s = spec_;
+  check_operand(a, GemmSide::A, s.a_prepacked, s.m, s.k);
+  check_operand(b, GemmSide::B, s.b_prepacked, s.k, s.n);
+  require(is_float_elem(c.elem) && c.data && c.ld >= s.n, "bad output");
+  require(!epilogue.residual || (is_float_elem(epilogue.residual_elem) && epilogue.residual_ld >= s.n), "bad residual");
+}
+
+void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c, const GemmEpilogue& epilogue,
+                     ThreadPool& pool, const ScratchSpace& scratch) const {
+  const GemmSpec& s = spec_;
+  if (s.m == 0 || s.n == 0) return;
+  check(a, b, c, epilogue);
+  const int64_t work = s.m * s.n * std::max<int64_t>(s.k, 1);
+  int64_t threads = std::min<int64_t>(pool.size(), std::max<int64_t>(1, work / kMinMacsPerThread));
+  if (s.max_threads > 0) threads = std::min<int64_t>(threads, s.max_threads);
+  constexpr int64_t kCachedBytes = int64_t{2} << 20;  // operands larger than this come from memory
+  const int64_t a_bytes = s.m * s.k * static_cast<int64_t>(sizeof(float));
+  const int64_t b_bytes = s.k * s.n * static_cast<int64_t>(sizeof(float));
+  const Grid grid = choose_grid(threads, s, mc_, nc_, !s.a_prepacked || a_bytes > kCachedBytes,
+                                s.b_prepacked && b_bytes > kCachedBytes);
+  const int64_t row_panels = ceil_div(s.m, MR), col_panels = ceil_div(s.n, NR);
+  const bool avx2 = use_avx2();
+  const Operands ops{a, b, c, epilogue};
+  auto work_on = [&](int64_t index, int worker) {
+    const int64_t r = index / grid.cols, q = index % grid.cols;
+    Region region{split(row_panels, grid.rows, r) * MR, std::min(s.m, split(row_panels, grid.rows, r + 1) * MR),
+                  split(col_panels, grid.cols, q) * NR, std::min(s.n, split(col_panels, grid.cols, q + 1) * NR)};
+    if (region.row0 >= region.row1 || region.col0 >= region.col1) return;
+    float* base = scratch.worker_as<float>(worker);
+    const WorkerBuffers buffers{base, base + mc_ * nc_, base + mc_ * nc_ + mc_ * kc_};
+    run_region(region, ops, s, kc_, mc_, nc_, buffers, avx2);
+  };
+  const int64_t pieces = grid.rows * grid.cols;
+  if (pieces == 1) {
+    work_on(0, 0);
+    return;
+  }
+  pool.parallel_for(pieces, 1, [&](int64_t begin, int64_t end, int worker) {
+    for (int64_t index = begin; index < end; ++index) work_on(index, worker);
+  });
+}
+
+void PackedGemm::run_on_worker(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c,
+                               const GemmEpilogue& epilogue, int worker, const ScratchSpace& scratch) const {
+  const GemmSpec& s = spec_;
+  if (s.m == 0 || s.n == 0) return;
+  check(a, b, c, epilogue);
+  float* base = scratch.worker_as<float>(worker);
+  const WorkerBuffers buffers{base, base + mc_ * nc_, base + mc_ * nc_ + mc_ * kc_};
+  run_region({0, s.m, 0, s.n}, Operands{a, b, c, epilogue}, s, kc_, mc_, nc_, buffers, use_avx2());
+}
+
+void set_gemm_kernel_choice(GemmKernelChoice choice) { g_choice.store(choice, std::memory_order_relaxed); }
+
+bool gemm_uses_avx2() { return use_avx2(); }
+
+}  // namespace npusim::cpu

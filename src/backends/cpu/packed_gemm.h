@@ -1,0 +1,142 @@
+#pragma once
+// Blocked, packed GEMM for the CPU backend: C[m, n] = epilogue(A[m, k] · B[k, n]), accumulated in fp32.
+//
+// Either operand may be a weight packed once at prepare time (PackedMatrix: panels kept in fp32, fp16 or bf16 and
+// converted to fp32 inside the kernel, so half-precision weights never exist in fp32 whole); the other one is packed
+// during the product from a strided matrix (fp32/fp16/bf16) or, for B, straight from a convolution's input
+// (Im2colOperand: no im2col matrix is ever materialized). The product runs on the backend's ThreadPool with packing
+// buffers that PackedGemm reserves per worker in the ScratchSpace when it is planned, so a run allocates nothing.
+// Micro-kernel: 6x16 AVX2+FMA when the CPU has it (checked at run time), portable C++ otherwise.
+//
+// Typical use, at prepare time:   PackedMatrix w = PackedMatrix::pack(GemmSide::B, weight, elem, k, n, k, true);
+//                                 PackedGemm gemm({.m = m, .n = n, .k = k, .b_prepacked = true}, ctx.scratch);
+// and in the kernel closure:      gemm.run(StridedOperand{x, x_elem, k}, &w, {out, out_elem, n}, epilogue,
+//                                          pool, scratch);
+#include <cstdint>
+#include <limits>
+#include <variant>
+
+#include "backends/cpu/kernels.h"
+
+namespace npusim::cpu {
+
+// The micro-tile: rows of A (height of an A panel) and columns of B (width of a B panel) per micro-kernel call.
+inline constexpr int64_t kGemmTileRows = 6;
+inline constexpr int64_t kGemmTileCols = 16;
+
+enum class GemmSide : uint8_t { A, B };
+
+// A constant operand packed once: A [m, k] as panels of kGemmTileRows rows, or B [k, n] as panels of
+// kGemmTileCols columns; each panel is k-major and zero-padded, values kept in their storage type.
+class PackedMatrix {
+ public:
+  PackedMatrix() = default;
+  // Packs the operand of logical shape [rows, cols] ([m, k] for A, [k, n] for B) whose element (r, c) is
+  // data[r * ld + c], or data[c * ld + r] when `transposed` (a linear weight [n, k] used as B); ld 0 means dense.
+  // `elem` is F32, F16 or BF16 and stays the panels' type.
+  static PackedMatrix pack(GemmSide side, const std::byte* data, Elem elem, int64_t rows, int64_t cols, int64_t ld = 0,
+                           bool transposed = false);
+
+  GemmSide side() const { return side_; }
+  Elem elem() const { return elem_; }
+  int64_t rows() const { return rows_; }                                  // logical rows: m for A, k for B
+  int64_t cols() const { return cols_; }                                  // logical cols: k for A, n for B
+  int64_t depth() const { return side_ == GemmSide::A ? cols_ : rows_; }  // k
+  size_t bytes() const { return storage_.size(); }
+  // Panel `p` (k-major, kGemmTileRows or kGemmTileCols values per k step) in the packed storage type.
+  const std::byte* panel(int64_t p) const { return storage_.data() + static_cast<size_t>(p) * panel_bytes_; }
+
+ private:
+  GemmSide side_ = GemmSide::A;
+  Elem elem_ = Elem::F32;
+  int64_t rows_ = 0, cols_ = 0;
+  size_t panel_bytes_ = 0;
+  AlignedBuffer storage_;
+};
+
+// An operand read in place and packed during the product: element (r, c) of its logical [rows, cols] matrix is
+// data[r * ld + c], or data[c * ld + r] when `transposed`. `elem` is F32, F16 or BF16.
+struct StridedOperand {
+  const std::byte* data = nullptr;
+  Elem elem = Elem::F32;
+  int64_t ld = 0;
+  bool transposed = false;
+};
+
+// The B operand of a convolution over one sample and one group: [channels * kernel_h * kernel_w, out_h * out_w],
+// row (channel, ky, kx), column = output pixel oy * out_w + ox, gathered from the fp32 input while packing (zero
+// where a tap reads padding).
+struct Im2colOperand {
+  const float* input = nullptr;  // [channels, height, width], contiguous
+  int64_t channels = 0, height = 0, width = 0;
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t out_h = 0, out_w = 0;
+};
+
+// One side of a product: a prepacked weight (owned by the caller, alive while the product runs), a strided matrix,
+// or (B only) a convolution input.
+using GemmOperand = std::variant<const PackedMatrix*, StridedOperand, Im2colOperand>;
+
+enum class GemmActivation : uint8_t { None, Relu, Clamp };
+
+// What happens to each fp32 sum before it is stored, in this order: + bias, + residual, activation.
+struct GemmEpilogue {
+  const float* bias = nullptr;  // fp32, one per row (m values) or, with bias_per_column, one per column (n values)
+  bool bias_per_column = false;
+  const std::byte* residual = nullptr;  // [m, n], row stride residual_ld; may be the output itself
+  Elem residual_elem = Elem::F32;
+  int64_t residual_ld = 0;
+  GemmActivation activation = GemmActivation::None;
+  float low = -std::numeric_limits<float>::infinity();  // Clamp bounds (ReLU6: 0 and 6)
+  float high = std::numeric_limits<float>::infinity();
+};
+
+// Where C goes: element (i, j) at data[i * ld + j] (in elements), stored as `elem` (F32, F16 or BF16).
+struct GemmOutput {
+  std::byte* data = nullptr;
+  Elem elem = Elem::F32;
+  int64_t ld = 0;
+};
+
+// The sizes of one product and which sides come prepacked, fixed at prepare time.
+struct GemmSpec {
+  int64_t m = 0, n = 0, k = 0;
+  bool a_prepacked = false;  // A is a PackedMatrix (else a StridedOperand)
+  bool b_prepacked = false;  // B is a PackedMatrix (else a StridedOperand or an Im2colOperand)
+  int max_threads = 0;       // at most this many pool workers; 0: as many as the pool has and the size justifies
+};
+
+// One planned product: blocking chosen and per-worker scratch reserved once, then run any number of times.
+class PackedGemm {
+ public:
+  PackedGemm() = default;
+  // Plans the product (call at prepare time); reserves its per-worker packing buffers in `scratch`.
+  PackedGemm(const GemmSpec& spec, ScratchSpace& scratch);
+  // C = epilogue(A · B) over the pool, with `scratch` allocated; fails (npusim::Error, before any work) when an
+  // operand does not match the spec.
+  void run(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c, const GemmEpilogue& epilogue,
+           ThreadPool& pool, const ScratchSpace& scratch) const;
+  // The whole product on the calling thread with pool worker `worker`'s scratch, for callers that spread several
+  // independent products over the pool themselves (inside their own parallel_for).
+  void run_on_worker(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c, const GemmEpilogue& epilogue,
+                     int worker, const ScratchSpace& scratch) const;
+  const GemmSpec& spec() const { return spec_; }
+
+ private:
+  void check(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c, const GemmEpilogue& epilogue) const;
+
+  GemmSpec spec_;
+  int64_t kc_ = 0, mc_ = 0, nc_ = 0;  // cache blocking: depth, rows and columns per block
+};
+
+// Which micro-kernel products use: the best one this CPU supports, or the portable one (for tests).
+enum class GemmKernelChoice : uint8_t { Best, Portable };
+// Selects the micro-kernel for all later products (not while a product runs).
+void set_gemm_kernel_choice(GemmKernelChoice choice);
+// True when products use the AVX2+FMA micro-kernel.
+bool gemm_uses_avx2();
+
+}  // namespace npusim::cpu

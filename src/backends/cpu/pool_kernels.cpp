@@ -1,0 +1,129 @@
+// max_pool2d over the last two dims, one plane per step: a vertical pass takes the max of the window's input rows
+// (contiguous, vectorizable), a horizontal pass the max over the window's columns of that row. NaN wins, as in
+// PyTorch; a window with no tap inside the input gives -inf. Output sizes come from the inferred output shape (so
+// ceil_mode needs nothing special).
+#include <array>
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/kernels.h"
+
+namespace npusim::cpu {
+
+namespace {
+
+constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+
+struct MaxPoolPlan {
+  int64_t planes = 0;
+  std::array<int64_t, 2> in{1, 1}, out{1, 1}, kernel{1, 1}, stride{1, 1}, pad{0, 0}, dilation{1, 1};
+  Buffer x, y;
+};
+
+// The larger of the two, or `value` when it is NaN; branch-free so that loops over it vectorize.
+inline float nan_max(float best, float value) {
+  const float larger = value > best ? value : best;
+  return value != value ? value : larger;
+}
+
+std::optional<std::array<int64_t, 2>> pair_attr(const Attrs& attrs, const std::string& name,
+                                                std::vector<int64_t> fallback) {
+  std::vector<int64_t> values = attrs.get_ints(name, std::move(fallback));
+  if (values.size() == 1) values.assign(2, values[0]);
+  if (values.size() != 2) return std::nullopt;
+  return std::array<int64_t, 2>{values[0], values[1]};
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One plane: y[out_h, out_w] from x[in_h, in_w]; `row` holds in_w floats.
+void max_pool_plane(const MaxPoolPlan& p, const float* x, float* y, float* row) {
+  const int64_t height = p.in[0], width = p.in[1], out_w = p.out[1];
+  const int64_t sx = p.stride[1], dx = p.dilation[1], px = p.pad[1], taps_x = p.kernel[1];
+  // Output columns whose every tap lies inside the row.
+  const int64_t inner_begin = std::min(out_w, ceil_div(px, sx));
+  const int64_t last_reach = (taps_x - 1) * dx - px;  // column of the last tap of output column 0
+  const int64_t inner_end =
+      std::clamp<int64_t>(width - 1 - last_reach >= 0 ? (width - 1 - last_reach) / sx + 1 : 0, inner_begin, out_w);
+  for (int64_t oy = 0; oy < p.out[0]; ++oy) {
+    std::fill(row, row + width, kNegativeInfinity);
+    for (int64_t ky = 0; ky < p.kernel[0]; ++ky) {
+      const int64_t iy = oy * p.stride[0] - p.pad[0] + ky * p.dilation[0];
+      if (iy < 0 || iy >= height) continue;
+      const float* src = x + iy * width;
+      for (int64_t ix = 0; ix < width; ++ix) row[ix] = nan_max(row[ix], src[ix]);
+    }
+    float* dst = y + oy * out_w;
+    auto edge = [&](int64_t ox) {
+      float best = kNegativeInfinity;
+      for (int64_t kx = 0; kx < taps_x; ++kx) {
+        const int64_t ix = ox * sx - px + kx * dx;
+        if (ix >= 0 && ix < width) best = nan_max(best, row[ix]);
+      }
+      dst[ox] = best;
+    };
+    for (int64_t ox = 0; ox < inner_begin; ++ox) edge(ox);
+    for (int64_t ox = inner_begin; ox < inner_end; ++ox) {
+      const float* window = row + ox * sx - px;
+      float best = window[0];
+      for (int64_t kx = 1; kx < taps_x; ++kx) best = nan_max(best, window[kx * dx]);
+      dst[ox] = best;
+    }
+    for (int64_t ox = inner_end; ox < out_w; ++ox) edge(ox);
+  }
+}
+
+std::optional<Kernel> max_pool2d(const KernelContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  MaxPoolPlan p;
+  p.x = ctx.inputs[0];
+  p.y = ctx.outputs[0];
+  if (!is_float_elem(p.x.elem) || !is_float_elem(p.y.elem)) return std::nullopt;
+  const Shape& in = p.x.meta.shape;
+  const Shape& out = p.y.meta.shape;
+  if (in.size() < 3 || in.size() > 4 || out.size() != in.size()) return std::nullopt;
+  const Attrs& attrs = ctx.node.attrs;
+  const auto kernel = pair_attr(attrs, "kernel_size", {});
+  auto stride = pair_attr(attrs, "stride", {});
+  if (attrs.get_ints("stride", {}).empty()) stride = kernel;
+  const auto pad = pair_attr(attrs, "padding", {0});
+  const auto dilation = pair_attr(attrs, "dilation", {1});
+  if (!kernel || !stride || !pad || !dilation) return std::nullopt;
+  p.kernel = *kernel;
+  p.stride = *stride;
+  p.pad = *pad;
+  p.dilation = *dilation;
+  for (int d = 0; d < 2; ++d)
+    if (p.kernel[d] < 1 || p.stride[d] < 1 || p.dilation[d] < 1 || p.pad[d] < 0) return std::nullopt;
+  p.in = {in[in.size() - 2], in.back()};
+  p.out = {out[out.size() - 2], out.back()};
+  p.planes = shape_numel(Shape(in.begin(), in.end() - 2));
+  if (shape_numel(Shape(out.begin(), out.end() - 2)) != p.planes) return std::nullopt;
+  const int64_t in_plane = p.in[0] * p.in[1], out_plane = p.out[0] * p.out[1];
+  // Per worker: the plane converted to fp32 (when stored otherwise), the output plane, one row of maxima.
+  ctx.scratch.reserve_per_worker(floats_bytes(in_plane + out_plane + p.in[1] + 32));
+  Kernel kernel_fn;
+  kernel_fn.run = [p, in_plane, out_plane, pool = &ctx.pool, scratch = &ctx.scratch] {
+    if (p.planes == 0 || out_plane == 0) return;
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(in_plane, 1));
+    pool->parallel_for(p.planes, grain, [&](int64_t begin, int64_t end, int worker) {
+      float* converted = scratch->worker_as<float>(worker);
+      float* result = converted + (in_plane + 15) / 16 * 16;
+      float* row = result + (out_plane + 15) / 16 * 16;
+      for (int64_t plane = begin; plane < end; ++plane) {
+        const float* x = float_data(p.x.data + static_cast<size_t>(plane * in_plane) * elem_size(p.x.elem), p.x.elem,
+                                    in_plane, converted);
+        float* y = p.y.elem == Elem::F32 ? p.y.as<float>() + plane * out_plane : result;
+        max_pool_plane(p, x, y, row);
+        store_floats(y, p.y.data + static_cast<size_t>(plane * out_plane) * elem_size(p.y.elem), p.y.elem, out_plane);
+      }
+    });
+  };
+  return kernel_fn;
+}
+
+}  // namespace
+
+void add_pool_kernels(KernelTable& table) { table.add("max_pool2d", max_pool2d); }
+
+}  // namespace npusim::cpu

@@ -1,0 +1,287 @@
+// The CPU convolution kernels (packed-GEMM, depthwise and Winograd paths) against the registry's reference conv2d,
+// every output element, in fp32 and in half-precision storage, with 1 and 2 threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backends/cpu/conv_winograd.h"
+#include "backends/cpu/kernels.h"
+#include "npusim/error.h"
+#include "npusim/op_registry.h"
+
+namespace npusim::cpu {
+namespace {
+
+Tensor random_tensor(const Shape& shape, uint32_t seed) {
+  Tensor t(DType::Float32, shape);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  float* data = t.mutable_data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) data[i] = dist(gen);
+  return t;
+}
+
+// Values as stored in `elem` and read back: what a kernel with that storage sees.
+Tensor rounded(const Tensor& t, Elem elem) {
+  std::vector<std::byte> bytes(static_cast<size_t>(std::max<int64_t>(t.numel(), 1)) * elem_size(elem));
+  tensor_to_storage(t, bytes.data(), elem);
+  return storage_to_tensor(bytes.data(), elem, t.shape());
+}
+
+Attrs normalized(const std::string& op, Attrs attrs) {
+  const OpDef* def = OpRegistry::instance().find(op);
+  OpRegistry::instance().normalize_attrs(*def, nullptr, attrs, "test");
+  return attrs;
+}
+
+Tensor reference(const std::string& op, const Attrs& attrs, const std::vector<Tensor>& inputs) {
+  const OpDef* def = OpRegistry::instance().find(op);
+  std::vector<TensorMeta> metas;
+  for (const Tensor& t : inputs) metas.push_back({t.shape(), t.dtype()});
+  const std::vector<TensorMeta> out = def->infer(attrs, metas);
+  return def->reference(attrs, inputs, out)[0];
+}
+
+// Runs the backend's kernel for `op` on inputs stored as `elem`; nothing when the factory declines. With
+// `constant_weight`, input 1 is marked a weight (packed once; 3x3 convolutions may take the Winograd path).
+std::optional<Tensor> run_kernel(const std::string& op, const Attrs& attrs, const std::vector<Tensor>& inputs,
+                                 const Shape& out_shape, Elem elem, int threads, bool constant_weight = false) {
+  std::vector<std::vector<std::byte>> storage;
+  Node node;
+  node.name = "conv";
+  node.op = op;
+  node.attrs = attrs;
+  ThreadPool pool(threads);
+  ScratchSpace scratch;
+  KernelContext ctx{node, {}, {}, pool, scratch};
+  for (const Tensor& t : inputs) {
+    storage.emplace_back(static_cast<size_t>(std::max<int64_t>(t.numel(), 1)) * elem_size(elem));
+    tensor_to_storage(t, storage.back().data(), elem);
+    ctx.inputs.push_back(Buffer{storage.back().data(), elem, {t.shape(), DType::Float32}});
+  }
+  storage.emplace_back(static_cast<size_t>(std::max<int64_t>(shape_numel(out_shape), 1)) * elem_size(elem));
+  std::vector<std::byte>& out = storage.back();
+  for (int64_t i = 0; i < shape_numel(out_shape); ++i) store_float(out.data(), elem, i, NAN);
+  ctx.outputs.push_back(Buffer{out.data(), elem, {out_shape, DType::Float32}});
+  ctx.constant_inputs.assign(inputs.size(), false);
+  if (constant_weight && inputs.size() > 1) ctx.constant_inputs[1] = true;
+  const std::optional<Kernel> kernel = (*kernel_table().find(op))(ctx);
+  if (!kernel) return std::nullopt;
+  scratch.allocate(pool.size());
+  kernel->run();
+  kernel->run();  // a second run over the same scratch gives the same answer
+  return storage_to_tensor(out.data(), elem, out_shape);
+}
+
+double max_abs(const Tensor& t) {
+  double scale = 0.0;
+  for (int64_t i = 0; i < t.numel(); ++i) scale = std::max(scale, std::fabs(static_cast<double>(t.data<float>()[i])));
+  return scale;
+}
+
+// Within rtol * (|expected| + scale), scale being the largest |expected| unless given (the magnitude of the sums
+// before an activation squeezed them, which is what rounding errors scale with).
+void expect_close(const Tensor& actual, const Tensor& expected, double rtol, const std::string& label,
+                  double scale = -1.0) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << label;
+  const float* a = actual.data<float>();
+  const float* e = expected.data<float>();
+  if (scale < 0.0) scale = max_abs(expected);
+  for (int64_t i = 0; i < expected.numel(); ++i)
+    ASSERT_LE(std::fabs(a[i] - e[i]), rtol * (std::fabs(e[i]) + scale) + 1e-30)
+        << label << " at " << i << ": " << a[i] << " vs " << e[i];
+}
+
+double tolerance(Elem elem) { return elem == Elem::F32 ? 2e-5 : elem == Elem::F16 ? 2e-3 : 1.6e-2; }
+
+struct ConvCase {
+  std::string label;
+  Shape x, w;
+  bool bias = false;
+  std::vector<int64_t> stride{1}, padding{0}, dilation{1};
+  int64_t groups = 1;
+};
+
+std::vector<ConvCase> conv_cases() {
+  return {
+      {"pointwise", {1, 5, 6, 7}, {3, 5, 1, 1}, true},
+      {"pointwise wide", {1, 33, 9, 13}, {40, 33, 1, 1}},
+      {"3x3", {1, 3, 9, 9}, {4, 3, 3, 3}, true, {1}, {1}},
+      {"3x3 many channels", {1, 20, 17, 15}, {24, 20, 3, 3}, true, {1}, {1}},
+      {"3x3 small image", {2, 32, 7, 6}, {16, 32, 3, 3}, true, {1}, {1}},
+      {"3x3 unpadded many channels", {1, 16, 20, 9}, {17, 16, 3, 3}},
+      {"3x3 stride 2", {1, 16, 15, 13}, {8, 16, 3, 3}, true, {2}, {1}},
+      {"3x3 no padding", {2, 4, 7, 8}, {6, 4, 3, 3}},
+      {"7x7 stride 2 pad 3", {1, 3, 31, 29}, {16, 3, 7, 7}, true, {2}, {3}},
+      {"1x1 stride 2", {1, 16, 14, 14}, {32, 16, 1, 1}, false, {2}},
+      {"dilation 2", {1, 4, 11, 10}, {5, 4, 3, 3}, true, {1}, {2}, {2}},
+      {"asymmetric", {2, 4, 7, 8}, {6, 2, 3, 2}, false, {1, 2}, {1, 0}, {1, 1}, 2},
+      {"groups", {1, 8, 9, 9}, {12, 2, 3, 3}, true, {1}, {1}, {1}, 4},
+      {"depthwise", {2, 6, 9, 11}, {6, 1, 3, 3}, true, {1}, {1}, {1}, 6},
+      {"depthwise stride 2 multiplier 2", {1, 4, 10, 9}, {8, 1, 3, 3}, true, {2}, {1}, {1}, 4},
+      {"depthwise 5x5 dilated", {1, 3, 12, 12}, {3, 1, 5, 5}, false, {1}, {4}, {2}, 3},
+      {"batch 2 odd sizes", {2, 7, 13, 5}, {9, 7, 3, 3}, true, {1}, {1}},
+      {"one pixel", {1, 17, 1, 1}, {31, 17, 1, 1}, true},
+      {"empty batch", {0, 3, 5, 5}, {4, 3, 3, 3}, true, {1}, {1}},
+  };
+}
+
+Attrs conv_attrs(const ConvCase& c) {
+  Attrs attrs;
+  attrs.set("stride", c.stride);
+  attrs.set("padding", c.padding);
+  attrs.set("dilation", c.dilation);
+  attrs.set("groups", c.groups);
+  return attrs;
+}
+
+std::vector<Tensor> conv_inputs(const ConvCase& c) {
+  std::vector<Tensor> inputs{random_tensor(c.x, 1), random_tensor(c.w, 2)};
+  if (c.bias) inputs.push_back(random_tensor({c.w[0]}, 3));
+  return inputs;
+}
+
+TEST(ConvKernels, Conv2dMatchesReference) {
+  for (const ConvCase& c : conv_cases())
+    for (Elem elem : {Elem::F32, Elem::F16, Elem::BF16})
+      for (int threads : {1, 2}) {
+        const std::string label =
+            c.label + " elem " + std::to_string(static_cast<int>(elem)) + " threads " + std::to_string(threads);
+        const Attrs attrs = normalized("conv2d", conv_attrs(c));
+        std::vector<Tensor> inputs = conv_inputs(c);
+        for (Tensor& t : inputs) t = rounded(t, elem);
+        const Tensor expected = reference("conv2d", attrs, inputs);
+        const std::optional<Tensor> actual = run_kernel("conv2d", attrs, inputs, expected.shape(), elem, threads);
+        ASSERT_TRUE(actual) << label;
+        expect_close(*actual, rounded(expected, elem), tolerance(elem), label);
+      }
+}
+
+TEST(ConvKernels, FusedConvWithResidualAndActivations) {
+  struct Fused {
+    std::string activation;
+    Attrs extra;
+  };
+  Attrs hardtanh;
+  hardtanh.set("min_val", 0.0);
+  hardtanh.set("max_val", 0.5);
+  const std::vector<Fused> activations = {{"none", {}}, {"relu", {}}, {"hardtanh", hardtanh}, {"silu", {}}};
+  for (const ConvCase& c : conv_cases()) {
+    if (shape_numel(c.x) == 0) continue;
+    for (const Fused& f : activations)
+      for (bool with_residual : {false, true})
+        for (Elem elem : {Elem::F32, Elem::BF16}) {
+          const bool constant = with_residual != (elem == Elem::F32);
+          const std::string label = c.label + " " + f.activation + (with_residual ? " residual" : "") + " elem " +
+                                    std::to_string(static_cast<int>(elem)) + (constant ? " constant weight" : "");
+          Attrs attrs = conv_attrs(c);
+          for (const auto& [name, value] : f.extra.values()) attrs.set(name, value);
+          attrs.set("activation", f.activation);
+          attrs.set("has_bias", c.bias);
+          attrs.set("has_residual", with_residual);
+          attrs = normalized("fused_conv2d", attrs);
+          std::vector<Tensor> inputs = conv_inputs(c);
+          const Shape out_shape = reference("conv2d", normalized("conv2d", conv_attrs(c)), inputs).shape();
+          if (with_residual) inputs.push_back(random_tensor(out_shape, 4));
+          for (Tensor& t : inputs) t = rounded(t, elem);
+          const Tensor expected = reference("fused_conv2d", attrs, inputs);
+          Attrs plain = attrs;
+          plain.set("activation", std::string("none"));
+          const double scale = max_abs(reference("fused_conv2d", plain, inputs));
+          const std::optional<Tensor> actual = run_kernel("fused_conv2d", attrs, inputs, out_shape, elem, 2, constant);
+          ASSERT_TRUE(actual) << label;
+          expect_close(*actual, rounded(expected, elem), tolerance(elem), label, scale);
+        }
+  }
+}
+
+TEST(ConvKernels, Conv1dMatchesReference) {
+  Attrs attrs;
+  attrs.set("stride", std::vector<int64_t>{3});
+  attrs.set("padding", std::vector<int64_t>{2});
+  attrs = normalized("conv1d", attrs);
+  const std::vector<Tensor> inputs{random_tensor({2, 3, 33}, 5), random_tensor({4, 3, 5}, 6), random_tensor({4}, 7)};
+  const Tensor expected = reference("conv1d", attrs, inputs);
+  const std::optional<Tensor> actual = run_kernel("conv1d", attrs, inputs, expected.shape(), Elem::F32, 2);
+  ASSERT_TRUE(actual);
+  expect_close(*actual, expected, 2e-5, "conv1d");
+}
+
+TEST(ConvKernels, UnsupportedGeometryIsLeftToTheReference) {
+  Attrs attrs = normalized("conv2d", Attrs{});
+  attrs.set("groups", int64_t{3});  // 4 input channels do not split into 3 groups
+  const std::vector<Tensor> inputs{random_tensor({1, 4, 5, 5}, 1), random_tensor({3, 1, 3, 3}, 2)};
+  EXPECT_FALSE(run_kernel("conv2d", attrs, inputs, {1, 3, 3, 3}, Elem::F32, 1));
+  attrs.set("groups", int64_t{1});
+  attrs.set("stride", std::vector<int64_t>{0});
+  const std::vector<Tensor> plain{random_tensor({1, 4, 5, 5}, 1), random_tensor({3, 4, 3, 3}, 2)};
+  EXPECT_FALSE(run_kernel("conv2d", attrs, plain, {1, 3, 3, 3}, Elem::F32, 1));
+}
+
+// Winograd directly (the kernel uses it only for weights known to be constant).
+TEST(ConvKernels, WinogradMatchesReference) {
+  struct Case {
+    int64_t cin, cout, height, width, pad;
+  };
+  const std::vector<Case> cases = {{16, 16, 7, 7, 1},   {16, 24, 14, 14, 1}, {17, 19, 13, 11, 1}, {32, 16, 9, 23, 0},
+                                   {16, 33, 30, 17, 2}, {24, 16, 5, 6, 1},   {64, 64, 28, 28, 1}};
+  for (const Case& c : cases)
+    for (int threads : {1, 2})
+      for (int variant = 0; variant < 4; ++variant) {
+        const std::string label = "cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " " +
+                                  std::to_string(c.height) + "x" + std::to_string(c.width) + " pad " +
+                                  std::to_string(c.pad) + " variant " + std::to_string(variant);
+        const Tensor x = random_tensor({1, c.cin, c.height, c.width}, 11);
+        const Tensor w = random_tensor({c.cout, c.cin, 3, 3}, 12);
+        const Tensor bias = random_tensor({c.cout}, 13);
+        Attrs attrs;
+        attrs.set("padding", std::vector<int64_t>{c.pad});
+        attrs = normalized("conv2d", attrs);
+        Tensor expected = reference("conv2d", attrs, {x, w, bias});
+        const int64_t out_h = expected.shape()[2], out_w = expected.shape()[3], pixels = out_h * out_w;
+        const Tensor residual = random_tensor(expected.shape(), 14);
+        const WinogradConv::Geometry g{c.cin, c.cout, c.height, c.width, c.pad, c.pad, out_h, out_w};
+        ASSERT_TRUE(WinogradConv::suitable(g)) << label;
+        ThreadPool pool(threads);
+        ScratchSpace scratch;
+        const WinogradConv conv(g, w.bytes(), Elem::F32, scratch);
+        scratch.allocate(pool.size());
+        std::vector<float> workspace(static_cast<size_t>(conv.workspace_floats()));
+        const Elem out_elem = variant == 3 ? Elem::BF16 : Elem::F32;
+        std::vector<std::byte> out(static_cast<size_t>(c.cout * pixels) * elem_size(out_elem));
+        for (int64_t i = 0; i < c.cout * pixels; ++i) store_float(out.data(), out_elem, i, NAN);
+        GemmEpilogue epilogue;
+        epilogue.bias = bias.data<float>();
+        float* e = expected.mutable_data<float>();
+        if (variant >= 1) {
+          epilogue.residual = residual.bytes();
+          epilogue.residual_ld = pixels;
+          for (int64_t i = 0; i < expected.numel(); ++i) e[i] += residual.data<float>()[i];
+        }
+        if (variant == 2) {
+          epilogue.activation = GemmActivation::Relu;
+          for (int64_t i = 0; i < expected.numel(); ++i) e[i] = std::max(e[i], 0.0f);
+        }
+        if (variant == 3) {
+          epilogue.activation = GemmActivation::Clamp;
+          epilogue.low = -0.5f;
+          epilogue.high = 1.0f;
+          for (int64_t i = 0; i < expected.numel(); ++i) e[i] = std::clamp(e[i], -0.5f, 1.0f);
+        }
+        conv.run(x.data<float>(), workspace.data(), {out.data(), out_elem, pixels}, epilogue, pool, scratch);
+        const Tensor actual = storage_to_tensor(out.data(), out_elem, expected.shape());
+        expect_close(actual, rounded(expected, out_elem), out_elem == Elem::F32 ? 2e-5 : 1.6e-2, label);
+      }
+}
+
+TEST(ConvKernels, WinogradOnlyWhereItPays) {
+  EXPECT_FALSE(WinogradConv::suitable({3, 64, 32, 32, 1, 1, 32, 32}));
+  EXPECT_FALSE(WinogradConv::suitable({64, 8, 32, 32, 1, 1, 32, 32}));
+  EXPECT_FALSE(WinogradConv::suitable({64, 64, 3, 3, 1, 1, 3, 3}));
+  EXPECT_TRUE(WinogradConv::suitable({64, 64, 56, 56, 1, 1, 56, 56}));
+  EXPECT_FALSE(WinogradConv::suitable({64, 64, 1024, 1024, 1, 1, 1024, 1024}));  // workspace too large
+}
+
+}  // namespace
+}  // namespace npusim::cpu

@@ -1,0 +1,347 @@
+// The packed GEMM against a double-precision naive product, every element. Operand values are multiples of 1/4 in
+// [-1.25, 1.25], exact in fp16 and bf16, so every partial sum is exact in fp32 and results must match exactly
+// (after rounding to the output's type); one case with arbitrary values uses a tolerance.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "backends/cpu/packed_gemm.h"
+#include "npusim/error.h"
+
+namespace npusim::cpu {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+const std::vector<int64_t> kSizes = {0, 1, 2, 5, 7, 17, 31, 64, 100, 257};
+
+float quarter(int64_t seed) { return static_cast<float>((seed * 7919 + 13) % 11 - 5) * 0.25f; }
+
+// A logical [rows, cols] matrix of quarter values.
+std::vector<float> values(int64_t rows, int64_t cols, int64_t seed) {
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = quarter(static_cast<int64_t>(i) + seed);
+  return v;
+}
+
+// The matrix stored as `elem` with row stride ld (of the stored layout), transposed when asked; padding is NaN.
+std::vector<std::byte> store(const std::vector<float>& v, int64_t rows, int64_t cols, Elem elem, int64_t ld,
+                             bool transposed) {
+  const int64_t stored_rows = transposed ? cols : rows;
+  std::vector<std::byte> bytes(static_cast<size_t>(std::max<int64_t>(stored_rows * ld, 1)) * elem_size(elem));
+  for (int64_t i = 0; i < stored_rows * ld; ++i) store_float(bytes.data(), elem, i, kNaN);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      store_float(bytes.data(), elem, transposed ? c * ld + r : r * ld + c, v[static_cast<size_t>(r * cols + c)]);
+  return bytes;
+}
+
+float round_to(Elem elem, double value) {
+  std::byte bytes[4];
+  store_float(bytes, elem, 0, static_cast<float>(value));
+  return load_float(bytes, elem, 0);
+}
+
+enum class Source { Packed, Strided };
+
+struct Case {
+  int64_t m = 1, n = 1, k = 1;
+  Source a = Source::Strided, b = Source::Packed;
+  Elem a_elem = Elem::F32, b_elem = Elem::F32, c_elem = Elem::F32;
+  bool a_transposed = false, b_transposed = false;
+  int64_t a_pad = 0, b_pad = 0, c_pad = 0;  // extra row stride
+  bool row_bias = false, column_bias = false, residual = false, residual_in_place = false;
+  Elem residual_elem = Elem::F32;
+  GemmActivation activation = GemmActivation::None;
+  float low = 0.0f, high = 0.0f;
+  int threads = 1;
+  bool arbitrary_values = false;
+
+  std::string label() const {
+    std::ostringstream s;
+    s << "m=" << m << " n=" << n << " k=" << k << " a=" << (a == Source::Packed ? "packed" : "strided") << "/"
+      << static_cast<int>(a_elem) << (a_transposed ? "T" : "") << " b=" << (b == Source::Packed ? "packed" : "strided")
+      << "/" << static_cast<int>(b_elem) << (b_transposed ? "T" : "") << " c=" << static_cast<int>(c_elem)
+      << " pads=" << a_pad << "," << b_pad << "," << c_pad << " bias=" << row_bias << column_bias
+      << " residual=" << residual << residual_in_place << " act=" << static_cast<int>(activation)
+      << " threads=" << threads << " avx2=" << gemm_uses_avx2();
+    return s.str();
+  }
+};
+
+std::vector<float> random_values(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(rows * cols));
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+void check(const Case& t) {
+  SCOPED_TRACE(t.label());
+  const int64_t m = t.m, n = t.n, k = t.k;
+  std::vector<float> a = t.arbitrary_values ? random_values(m, k, 1) : values(m, k, 3);
+  std::vector<float> b = t.arbitrary_values ? random_values(k, n, 2) : values(k, n, 5);
+  // Half-precision operands hold the rounded values.
+  for (float& x : a) x = round_to(t.a_elem, x);
+  for (float& x : b) x = round_to(t.b_elem, x);
+  const std::vector<float> bias = values(1, std::max(m, n), 11);
+  const std::vector<float> residual = values(m, n, 17);
+
+  const int64_t a_ld = (t.a_transposed ? m : k) + t.a_pad, b_ld = (t.b_transposed ? k : n) + t.b_pad;
+  const std::vector<std::byte> a_bytes = store(a, m, k, t.a_elem, a_ld, t.a_transposed);
+  const std::vector<std::byte> b_bytes = store(b, k, n, t.b_elem, b_ld, t.b_transposed);
+  const int64_t ldc = n + t.c_pad;
+  std::vector<std::byte> c_bytes(static_cast<size_t>(std::max<int64_t>(m * ldc, 1)) * elem_size(t.c_elem));
+  for (int64_t i = 0; i < m * ldc; ++i) store_float(c_bytes.data(), t.c_elem, i, kNaN);
+
+  GemmEpilogue epilogue;
+  epilogue.bias = t.row_bias || t.column_bias ? bias.data() : nullptr;
+  epilogue.bias_per_column = t.column_bias;
+  std::vector<std::byte> residual_bytes;
+  if (t.residual) {
+    if (t.residual_in_place) {
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          store_float(c_bytes.data(), t.c_elem, i * ldc + j, residual[static_cast<size_t>(i * n + j)]);
+      epilogue.residual = c_bytes.data();
+      epilogue.residual_elem = t.c_elem;
+      epilogue.residual_ld = ldc;
+    } else {
+      residual_bytes = store(residual, m, n, t.residual_elem, n + 3, false);
+      epilogue.residual = residual_bytes.data();
+      epilogue.residual_elem = t.residual_elem;
+      epilogue.residual_ld = n + 3;
+    }
+  }
+  epilogue.activation = t.activation;
+  if (t.activation == GemmActivation::Clamp) {
+    epilogue.low = t.low;
+    epilogue.high = t.high;
+  }
+
+  ThreadPool pool(t.threads);
+  ScratchSpace scratch;
+  PackedGemm gemm({.m = m, .n = n, .k = k, .a_prepacked = t.a == Source::Packed, .b_prepacked = t.b == Source::Packed},
+                  scratch);
+  scratch.allocate(pool.size());
+  PackedMatrix a_packed, b_packed;
+  GemmOperand a_operand = StridedOperand{a_bytes.data(), t.a_elem, a_ld, t.a_transposed};
+  GemmOperand b_operand = StridedOperand{b_bytes.data(), t.b_elem, b_ld, t.b_transposed};
+  if (t.a == Source::Packed) {
+    a_packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), t.a_elem, m, k, a_ld, t.a_transposed);
+    a_operand = &a_packed;
+  }
+  if (t.b == Source::Packed) {
+    b_packed = PackedMatrix::pack(GemmSide::B, b_bytes.data(), t.b_elem, k, n, b_ld, t.b_transposed);
+    b_operand = &b_packed;
+  }
+  // Twice: a second run over the same scratch gives the same answer.
+  for (int run = 0; run < 2 && !(run == 1 && t.residual_in_place); ++run) {
+    gemm.run(a_operand, b_operand, {c_bytes.data(), t.c_elem, ldc}, epilogue, pool, scratch);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0.0;
+        for (int64_t p = 0; p < k; ++p)
+          sum += static_cast<double>(a[static_cast<size_t>(i * k + p)]) * b[static_cast<size_t>(p * n + j)];
+        if (t.row_bias) sum += bias[static_cast<size_t>(i)];
+        if (t.column_bias) sum += bias[static_cast<size_t>(j)];
+        if (t.residual) sum += round_to(t.residual_in_place ? t.c_elem : t.residual_elem, residual[i * n + j]);
+        if (t.activation == GemmActivation::Relu) sum = std::max(sum, 0.0);
+        if (t.activation == GemmActivation::Clamp) sum = std::clamp<double>(sum, t.low, t.high);
+        const float actual = load_float(c_bytes.data(), t.c_elem, i * ldc + j);
+        if (t.arbitrary_values) {
+          ASSERT_NEAR(actual, sum, 1e-5 * (1.0 + std::sqrt(static_cast<double>(k)))) << "at " << i << "," << j;
+        } else {
+          ASSERT_EQ(actual, round_to(t.c_elem, sum)) << "at " << i << "," << j;
+        }
+      }
+      for (int64_t j = n; j < ldc; ++j)
+        ASSERT_TRUE(std::isnan(load_float(c_bytes.data(), t.c_elem, i * ldc + j))) << "padding written at " << i;
+    }
+  }
+}
+
+class PackedGemmTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { set_gemm_kernel_choice(GetParam() ? GemmKernelChoice::Portable : GemmKernelChoice::Best); }
+  void TearDown() override { set_gemm_kernel_choice(GemmKernelChoice::Best); }
+};
+
+TEST_P(PackedGemmTest, AllSizesPackedBStridedA) {
+  for (int64_t m : kSizes)
+    for (int64_t n : kSizes)
+      for (int64_t k : kSizes) {
+        if (GetParam() && m * n * k > 300000) continue;  // the portable kernel is slow; large sizes below
+        check({.m = m, .n = n, .k = k, .threads = (m + n + k) % 2 == 0 ? 2 : 1});
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
+TEST_P(PackedGemmTest, AllSizesPackedAStridedB) {
+  for (int64_t m : kSizes)
+    for (int64_t n : kSizes)
+      for (int64_t k : kSizes) {
+        if (GetParam() && m * n * k > 300000) continue;
+        check({.m = m,
+               .n = n,
+               .k = k,
+               .a = Source::Packed,
+               .b = Source::Strided,
+               .threads = static_cast<int>((m + n + k) % 2) + 1});
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
+TEST_P(PackedGemmTest, EveryLayoutAndStorageType) {
+  const std::vector<std::array<int64_t, 3>> shapes = {{7, 17, 31}, {17, 100, 5}, {100, 31, 257}, {64, 64, 64}};
+  for (const auto& [m, n, k] : shapes)
+    for (Source a : {Source::Packed, Source::Strided})
+      for (Source b : {Source::Packed, Source::Strided})
+        for (Elem elem : {Elem::F32, Elem::F16, Elem::BF16})
+          for (bool transposed : {false, true})
+            for (int threads : {1, 2}) {
+              check({.m = m,
+                     .n = n,
+                     .k = k,
+                     .a = a,
+                     .b = b,
+                     .a_elem = elem,
+                     .a_transposed = transposed,
+                     .a_pad = 3,
+                     .threads = threads});
+              check({.m = m,
+                     .n = n,
+                     .k = k,
+                     .a = a,
+                     .b = b,
+                     .b_elem = elem,
+                     .b_transposed = transposed,
+                     .b_pad = 5,
+                     .threads = threads});
+              if (testing::Test::HasFailure()) return;
+            }
+}
+
+TEST_P(PackedGemmTest, Epilogues) {
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {5, 7, 2}, {31, 17, 100}, {100, 257, 64}};
+  for (const auto& [m, n, k] : shapes)
+    for (Elem c_elem : {Elem::F32, Elem::F16, Elem::BF16})
+      for (int threads : {1, 2}) {
+        const Case base{.m = m, .n = n, .k = k, .c_elem = c_elem, .c_pad = 2, .threads = threads};
+        Case t = base;
+        t.row_bias = true;
+        check(t);
+        t = base;
+        t.column_bias = true;
+        t.activation = GemmActivation::Relu;
+        check(t);
+        t = base;
+        t.residual = true;
+        t.row_bias = true;
+        t.activation = GemmActivation::Clamp;
+        t.low = 0.0f;
+        t.high = 6.0f;
+        check(t);
+        t = base;
+        t.residual = true;
+        t.residual_in_place = true;
+        t.column_bias = true;
+        t.activation = GemmActivation::Relu;
+        check(t);
+        t = base;
+        t.residual = true;
+        t.residual_elem = Elem::BF16;
+        t.activation = GemmActivation::Clamp;
+        t.low = -1.5f;
+        t.high = 2.25f;
+        check(t);
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
+TEST_P(PackedGemmTest, ArbitraryValuesWithinTolerance) {
+  check({.m = 100, .n = 257, .k = 257, .threads = 2, .arbitrary_values = true});
+  check({.m = 31, .n = 64, .k = 600, .a = Source::Packed, .b = Source::Strided, .arbitrary_values = true});
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, PackedGemmTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Portable" : "Best"; });
+
+// The B operand gathered from a convolution input equals the explicit patch matrix.
+TEST(PackedGemm, Im2colOperandMatchesExplicitPatches) {
+  struct Geometry {
+    int64_t channels, height, width, kh, kw, sh, sw, ph, pw, dh, dw;
+  };
+  for (const Geometry& g : {Geometry{3, 9, 11, 3, 3, 1, 1, 1, 1, 1, 1}, Geometry{2, 8, 7, 3, 2, 2, 1, 0, 1, 1, 1},
+                            Geometry{4, 10, 10, 3, 3, 2, 2, 2, 2, 2, 2}, Geometry{1, 5, 40, 1, 5, 1, 3, 0, 2, 1, 1},
+                            Geometry{3, 23, 41, 7, 7, 2, 2, 3, 3, 1, 1}}) {
+    Im2colOperand s{nullptr, g.channels, g.height, g.width, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, 0, 0};
+    s.out_h = (g.height + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+    s.out_w = (g.width + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+    const std::vector<float> input = values(g.channels, g.height * g.width, 2);
+    s.input = input.data();
+    const int64_t k = g.channels * g.kh * g.kw, n = s.out_h * s.out_w, m = 7;
+    std::vector<float> patches(static_cast<size_t>(k * n), 0.0f);
+    for (int64_t c = 0; c < g.channels; ++c)
+      for (int64_t ky = 0; ky < g.kh; ++ky)
+        for (int64_t kx = 0; kx < g.kw; ++kx)
+          for (int64_t oy = 0; oy < s.out_h; ++oy)
+            for (int64_t ox = 0; ox < s.out_w; ++ox) {
+              const int64_t iy = oy * g.sh - g.ph + ky * g.dh, ix = ox * g.sw - g.pw + kx * g.dw;
+              if (iy >= 0 && iy < g.height && ix >= 0 && ix < g.width)
+                patches[static_cast<size_t>(((c * g.kh + ky) * g.kw + kx) * n + oy * s.out_w + ox)] =
+                    input[static_cast<size_t>((c * g.height + iy) * g.width + ix)];
+            }
+    const std::vector<float> a = values(m, k, 9);
+    const std::vector<std::byte> a_bytes = store(a, m, k, Elem::F32, k, false);
+    for (int threads : {1, 2}) {
+      set_gemm_kernel_choice(threads == 1 ? GemmKernelChoice::Portable : GemmKernelChoice::Best);
+      ThreadPool pool(threads);
+      ScratchSpace scratch;
+      PackedGemm gemm({.m = m, .n = n, .k = k, .a_prepacked = true}, scratch);
+      scratch.allocate(pool.size());
+      const PackedMatrix packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), Elem::F32, m, k);
+      std::vector<float> c(static_cast<size_t>(m * n), kNaN);
+      gemm.run(&packed, s, {reinterpret_cast<std::byte*>(c.data()), Elem::F32, n}, {}, pool, scratch);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double sum = 0.0;
+          for (int64_t p = 0; p < k; ++p)
+            sum += static_cast<double>(a[static_cast<size_t>(i * k + p)]) * patches[static_cast<size_t>(p * n + j)];
+          ASSERT_EQ(c[static_cast<size_t>(i * n + j)], static_cast<float>(sum)) << i << "," << j;
+        }
+    }
+  }
+  set_gemm_kernel_choice(GemmKernelChoice::Best);
+}
+
+TEST(PackedGemm, MismatchedOperandsAreErrors) {
+  ThreadPool pool(1);
+  ScratchSpace scratch;
+  PackedGemm gemm({.m = 4, .n = 5, .k = 3, .b_prepacked = true}, scratch);
+  scratch.allocate(pool.size());
+  std::vector<float> a(20, 1.0f), c(20, 0.0f);
+  const auto* a_data = reinterpret_cast<const std::byte*>(a.data());
+  const GemmOutput out{reinterpret_cast<std::byte*>(c.data()), Elem::F32, 5};
+  const PackedMatrix wrong = PackedMatrix::pack(GemmSide::B, a_data, Elem::F32, 3, 4);
+  const PackedMatrix as_a = PackedMatrix::pack(GemmSide::A, a_data, Elem::F32, 3, 4);
+  EXPECT_THROW(gemm.run(StridedOperand{a_data, Elem::F32, 3}, &wrong, out, {}, pool, scratch), Error);
+  EXPECT_THROW(gemm.run(StridedOperand{a_data, Elem::F32, 3}, &as_a, out, {}, pool, scratch), Error);
+  EXPECT_THROW(
+      gemm.run(StridedOperand{a_data, Elem::F32, 3}, StridedOperand{a_data, Elem::F32, 5}, out, {}, pool, scratch),
+      Error);
+  const PackedMatrix right = PackedMatrix::pack(GemmSide::B, a_data, Elem::F32, 3, 5, 5);
+  EXPECT_THROW(gemm.run(StridedOperand{a_data, Elem::F32, 2}, &right, out, {}, pool, scratch), Error);
+  EXPECT_THROW(gemm.run(StridedOperand{a_data, Elem::I64, 3}, &right, out, {}, pool, scratch), Error);
+  EXPECT_THROW(gemm.run(StridedOperand{a_data, Elem::F32, 3}, &right, {out.data, Elem::F32, 4}, {}, pool, scratch),
+               Error);
+  EXPECT_THROW(PackedMatrix::pack(GemmSide::A, a_data, Elem::I64, 2, 2), Error);
+  EXPECT_THROW(PackedMatrix::pack(GemmSide::A, a_data, Elem::F32, 2, 3, 2), Error);
+  EXPECT_NO_THROW(gemm.run(StridedOperand{a_data, Elem::F32, 3}, &right, out, {}, pool, scratch));
+  EXPECT_EQ(c[0], 3.0f);
+}
+
+}  // namespace
+}  // namespace npusim::cpu
