@@ -1,42 +1,122 @@
+// npusim bench: latency of a graph or program on the CPU backend, or prompt and generation speed of a model
+// directory, with efficiency against what `npusim probe` measures on this machine.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <thread>
 
 #include "backends/cpu/cpu_backend.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "compiler/compile.h"
 #include "ir/torch_ir_reader.h"
+#include "llm/model_dir.h"
+#include "llm/sampler.h"
+#include "llm/session.h"
 #include "loading.h"
+#include "npusim/error.h"
+#include "runtime/machine_probe.h"
 #include "runtime/profiler.h"
 
 namespace npusim::cli {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 const std::vector<OptionSpec> kBenchOnlyOptions = {
     {"threads", true, "N: CPU threads, counting the caller (default: one per hardware thread)"},
-    {"iters", true, "N: timed runs (default 20)"},
-    {"warmup", true, "N: untimed runs first (default 3)"},
+    {"iters", true, "N: timed runs (default 20; with --model 1)"},
+    {"warmup", true, "N: untimed runs first (default 3; with --model: single-token steps, default 2)"},
     {"json", false, "end with one JSON object (min_ms, median_ms, max_ms, gflops, gbps, ...) on the last line"},
+    {"no-probe", false, "skip the machine probe (no efficiency against peak bandwidth and FLOP/s)"},
     {"help", false, "show this help"},
 };
 
-}  // namespace
+const std::vector<OptionSpec> kModelBenchOptions = {
+    {"model", true, "DIR: benchmark a Hugging Face model directory instead of a graph (prefill, then decode)"},
+    {"prompt-tokens", true, "N: with --model, prompt length of the timed prefill (default 128)"},
+    {"gen-tokens", true, "N: with --model, timed decode steps after the prompt (default 32)"},
+    {"ctx", true, "N: with --model, KV cache positions (default min(4096, max_position_embeddings))"},
+    {"prefill-chunk", true, "N: with --model, the largest native prefill step (default 128)"},
+};
 
-int bench_command(const std::vector<std::string>& argv) {
-  const Args args("bench", join({kWeightOptions, kInputOptions, kCompileOptions, kBenchOnlyOptions}), argv);
-  if (args.flag("help")) {
-    std::printf("usage: npusim bench GRAPH.json|PROGRAM.npubin [options]\n%s", args.usage().c_str());
-    return 0;
-  }
-  if (args.positionals().size() != 1) fail("npusim bench: expected one graph or program file");
-  const int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
+double elapsed_ms(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+struct Spread {
+  double min = 0, median = 0, max = 0;
+};
+
+Spread spread_of(std::vector<double> values) {
+  if (values.empty()) return {};
+  std::sort(values.begin(), values.end());
+  return {values.front(), values[values.size() / 2], values.back()};
+}
+
+int resolved_threads(int requested) {
+  return requested > 0 ? requested : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// The best this machine does on `threads` threads; empty with --no-probe.
+struct Peak {
+  bool measured = false;
+  double gbps = 0, gflops = 0;
+};
+
+Peak probe_peak(const Args& args, int threads) {
+  if (args.flag("no-probe")) return {};
+  ProbeOptions options;
+  options.threads = threads;
+  const MachineProbe probe = probe_machine(options);
+  return threads == 1 ? Peak{true, probe.read_gbps_1, probe.fma_gflops_1}
+                      : Peak{true, probe.read_gbps_n, probe.fma_gflops_n};
+}
+
+std::string percent_of(double value, double peak) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.1f%%", 100.0 * value / peak);
+  return text;
+}
+
+void add_peak(nlohmann::json& json, const Peak& peak, double gbps, double gflops) {
+  if (!peak.measured) return;
+  json["peak_gbps"] = peak.gbps;
+  json["peak_gflops"] = peak.gflops;
+  json["gbps_efficiency"] = gbps / peak.gbps;
+  json["gflops_efficiency"] = gflops / peak.gflops;
+}
+
+void print_efficiency(const Peak& peak, double gbps, double gflops) {
+  if (!peak.measured) return;
+  std::printf("efficiency: %s of probed read bandwidth (%.1f GB/s), %s of probed fp32 FMA peak (%.1f GFLOP/s)\n",
+              percent_of(gbps, peak.gbps).c_str(), peak.gbps, percent_of(gflops, peak.gflops).c_str(), peak.gflops);
+}
+
+void reject_model_options(const Args& args) {
+  for (const char* name : {"prompt-tokens", "gen-tokens", "ctx", "prefill-chunk"})
+    if (args.flag(name)) fail(std::string("npusim bench: option '--") + name + "' needs --model");
+}
+
+void reject_graph_options(const Args& args) {
+  for (const char* name :
+       {"weights", "config", "random-weights", "inputs", "input", "random-inputs", "target", "disable", "no-fallback"})
+    if (args.flag(name)) fail(std::string("npusim bench: option '--") + name + "' applies to graphs, not to --model");
+  if (!args.positionals().empty()) fail("npusim bench: --model takes no graph or program file");
+}
+
+int bench_graph(const Args& args) {
+  reject_model_options(args);
+  if (args.positionals().size() != 1) fail("npusim bench: expected one graph or program file (or --model DIR)");
+  const int threads = resolved_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
   const int64_t iters = args.integer("iters", 20, 1, 1000000);
   const int64_t warmup = args.integer("warmup", 3, 0, 1000000);
   const std::string path = args.positionals()[0];
 
-  const auto load_start = std::chrono::steady_clock::now();
+  const auto load_start = Clock::now();
   Program program;
   if (is_program_file(path)) {
     program = read_program(path);
@@ -47,18 +127,16 @@ int bench_command(const std::vector<std::string>& argv) {
   std::map<std::string, Tensor> inputs = load_inputs(program.graph, args);
   cpu::CpuBackend backend(cpu::CpuOptions{threads, false});
   auto prepared = backend.prepare(program, weights);
-  const double load_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
+  const double load_ms = elapsed_ms(load_start);
 
   for (int64_t i = 0; i < warmup; ++i) prepared->run(inputs);
   std::vector<double> ms;
   for (int64_t i = 0; i < iters; ++i) {
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     prepared->run(inputs);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    ms.push_back(elapsed_ms(start));
   }
-  std::sort(ms.begin(), ms.end());
-  const double median = ms[ms.size() / 2];
+  const Spread latency = spread_of(ms);
 
   double flops = 0;
   int64_t bytes = 0;
@@ -66,23 +144,200 @@ int bench_command(const std::vector<std::string>& argv) {
     flops += kernel_flops(program.graph, node);
     bytes += kernel_bytes(program.graph, node, program.plan, program.compute_dtype);
   }
-  const double gflops = flops / (median * 1e6);
-  const double gbps = static_cast<double>(bytes) / (median * 1e6);
-  std::printf("%s: %zu kernels, %s storage, %d thread(s)\n", path.c_str(), program.graph.nodes.size(),
-              std::string(dtype_name(program.compute_dtype)).c_str(), threads);
-  std::printf("latency: min %.3f ms  median %.3f ms  max %.3f ms  (%lld runs after %lld warm-up)\n", ms.front(),
-              median, ms.back(), static_cast<long long>(iters), static_cast<long long>(warmup));
+  const double gflops = flops / (latency.median * 1e6);
+  const double gbps = static_cast<double>(bytes) / (latency.median * 1e6);
+  const Peak peak = probe_peak(args, threads);
+  const std::string dtype(dtype_name(program.compute_dtype));
+  std::printf("%s: %zu kernels, %s storage, %d thread(s)\n", path.c_str(), program.graph.nodes.size(), dtype.c_str(),
+              threads);
+  std::printf("latency: min %.3f ms  median %.3f ms  max %.3f ms  (%lld runs after %lld warm-up)\n", latency.min,
+              latency.median, latency.max, static_cast<long long>(iters), static_cast<long long>(warmup));
   std::printf("work: %.3f GFLOP, %.1f MB moved -> %.1f GFLOP/s, %.1f GB/s; load and prepare %.1f ms\n", flops / 1e9,
-              bytes / 1e6, gflops, gbps, load_ms);
-  if (args.flag("json"))
-    std::printf(
-        "{\"file\": \"%s\", \"kernels\": %zu, \"dtype\": \"%s\", \"threads\": %d, \"iters\": %lld, \"min_ms\": %.4f, "
-        "\"median_ms\": %.4f, \"max_ms\": %.4f, \"gflop\": %.4f, \"gflops\": %.2f, \"bytes\": %lld, \"gbps\": %.2f, "
-        "\"load_ms\": %.2f}\n",
-        path.c_str(), program.graph.nodes.size(), std::string(dtype_name(program.compute_dtype)).c_str(), threads,
-        static_cast<long long>(iters), ms.front(), median, ms.back(), flops / 1e9, gflops,
-        static_cast<long long>(bytes), gbps, load_ms);
+              static_cast<double>(bytes) / 1e6, gflops, gbps, load_ms);
+  print_efficiency(peak, gbps, gflops);
+  if (args.flag("json")) {
+    nlohmann::json json = {{"file", path},          {"kernels", program.graph.nodes.size()},
+                           {"dtype", dtype},        {"threads", threads},
+                           {"iters", iters},        {"warmup", warmup},
+                           {"min_ms", latency.min}, {"median_ms", latency.median},
+                           {"max_ms", latency.max}, {"gflop", flops / 1e9},
+                           {"gflops", gflops},      {"bytes", bytes},
+                           {"gbps", gbps},          {"load_ms", load_ms}};
+    add_peak(json, peak, gbps, gflops);
+    std::printf("%s\n", json.dump().c_str());
+  }
   return 0;
+}
+
+SessionOptions model_session_options(const Args& args, int threads) {
+  SessionOptions options;
+  options.threads = threads;
+  if (args.flag("ctx")) options.context = args.integer("ctx", 0, 1, int64_t{1} << 30);
+  options.prefill_chunk = args.integer("prefill-chunk", 128, 1, int64_t{1} << 20);
+  if (const auto dtype = args.value("dtype")) {
+    const auto parsed = parse_dtype(*dtype);
+    if (!parsed || !is_floating(*parsed) || *parsed == DType::Float64)
+      fail("npusim bench: --dtype must be float32, bfloat16 or float16, got '" + *dtype + "'");
+    options.dtype = *parsed;
+  }
+  return options;
+}
+
+std::vector<int32_t> random_prompt(int64_t length, int64_t vocab) {
+  std::vector<int32_t> prompt;
+  uint64_t state = 7;
+  for (int64_t i = 0; i < length; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    prompt.push_back(static_cast<int32_t>((state >> 33) % static_cast<uint64_t>(vocab)));
+  }
+  return prompt;
+}
+
+// Estimated work of a decoder-only transformer: every projection weight is multiplied once per token (the token
+// embedding only when it doubles as the output head); attention reads the cached keys and values.
+struct ModelWork {
+  double weight_bytes = 0;      // in the session's storage dtype
+  double matmul_params = 0;     // weights multiplied per token
+  double kv_bytes_per_pos = 0;  // keys and values of one position, all layers
+  double attention_flops_per_pos = 0;
+
+  double decode_bytes(double position) const { return weight_bytes + kv_bytes_per_pos * position; }
+  double decode_flops(double position) const { return 2 * matmul_params + attention_flops_per_pos * position; }
+  // Causal attention over a fresh prompt: token t attends to t + 1 positions.
+  double prefill_flops(double tokens) const {
+    return 2 * matmul_params * tokens + attention_flops_per_pos * tokens * (tokens + 1) / 2;
+  }
+};
+
+ModelWork model_work(const ModelDir& model, DType storage) {
+  const ModelConfig& c = model.config();
+  const double element_bytes = static_cast<double>(dtype_size(storage));
+  const double elements =
+      static_cast<double>(model.weight_bytes()) / static_cast<double>(dtype_size(model.weight_dtype()));
+  ModelWork work;
+  work.weight_bytes = elements * element_bytes;
+  const double embedding = static_cast<double>(c.vocab_size * c.hidden_size);
+  work.matmul_params = c.tie_word_embeddings ? elements : elements - embedding;
+  const double kv_width = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  work.kv_bytes_per_pos = 2.0 * static_cast<double>(c.num_hidden_layers) * kv_width * element_bytes;
+  // Q.K and P.V: two multiply-adds per head dimension, per query head and layer.
+  work.attention_flops_per_pos = 4.0 * static_cast<double>(c.num_hidden_layers * c.num_attention_heads * c.head_dim);
+  return work;
+}
+
+int bench_model(const Args& args) {
+  reject_graph_options(args);
+  const std::string dir = *args.value("model");
+  const int threads = resolved_threads(static_cast<int>(args.integer("threads", 0, 0, 1024)));
+  const int64_t iters = args.integer("iters", 1, 1, 1000000);
+  const int64_t warmup = args.integer("warmup", 2, 0, 1000000);
+  const int64_t prompt_tokens = args.integer("prompt-tokens", 128, 1, int64_t{1} << 24);
+  const int64_t gen_tokens = args.integer("gen-tokens", 32, 0, int64_t{1} << 24);
+
+  const auto load_start = Clock::now();
+  const ModelDir model = ModelDir::open(dir);
+  Session session(model, model_session_options(args, threads));
+  if (prompt_tokens + gen_tokens > session.context())
+    fail("npusim bench: --prompt-tokens + --gen-tokens (" + std::to_string(prompt_tokens + gen_tokens) +
+         ") exceed the context of " + std::to_string(session.context()) + " positions (see --ctx)");
+  session.prepare(prompt_tokens);
+  session.prepare(1);
+  const double load_ms = elapsed_ms(load_start);
+
+  const std::vector<int32_t> prompt = random_prompt(prompt_tokens, model.config().vocab_size);
+  for (int64_t i = 0; i < warmup; ++i) {
+    session.feed(std::span<const int32_t>(&prompt[0], 1));
+    session.rewind(0);
+  }
+  std::vector<double> prefill_ms, decode_run_ms, step_ms;
+  for (int64_t i = 0; i < iters; ++i) {
+    session.rewind(0);
+    const auto prefill_start = Clock::now();
+    std::vector<float> logits = session.feed(prompt);
+    prefill_ms.push_back(elapsed_ms(prefill_start));
+    double decode_total = 0;
+    for (int64_t step = 0; step < gen_tokens; ++step) {
+      const int32_t token = argmax(logits);
+      const auto step_start = Clock::now();
+      logits = session.feed(std::span<const int32_t>(&token, 1));
+      step_ms.push_back(elapsed_ms(step_start));
+      decode_total += step_ms.back();
+    }
+    decode_run_ms.push_back(decode_total);
+  }
+
+  const Spread prefill = spread_of(prefill_ms), step = spread_of(step_ms), decode_run = spread_of(decode_run_ms);
+  const ModelWork work = model_work(model, session.dtype());
+  const double middle = static_cast<double>(prompt_tokens) + static_cast<double>(gen_tokens) / 2.0;
+  const double prompt_tok_s = static_cast<double>(prompt_tokens) / (prefill.median / 1e3);
+  const double prompt_gflops = work.prefill_flops(static_cast<double>(prompt_tokens)) / (prefill.median * 1e6);
+  const double decode_tok_s = gen_tokens > 0 ? static_cast<double>(gen_tokens) / (decode_run.median / 1e3) : 0.0;
+  const double decode_gbps = gen_tokens > 0 ? work.decode_bytes(middle) / (step.median * 1e6) : 0.0;
+  const double decode_gflops = gen_tokens > 0 ? work.decode_flops(middle) / (step.median * 1e6) : 0.0;
+  const Peak peak = probe_peak(args, threads);
+
+  std::printf("%s: %s, %d thread(s)\n", dir.c_str(), session.describe().c_str(), threads);
+  std::printf("prompt: %lld tokens in %.1f ms (median of %lld) -> %.2f tokens/s, %.1f GFLOP/s\n",
+              static_cast<long long>(prompt_tokens), prefill.median, static_cast<long long>(iters), prompt_tok_s,
+              prompt_gflops);
+  std::printf(
+      "decode: %lld steps, min %.2f ms  median %.2f ms  max %.2f ms per token -> %.2f tokens/s, "
+      "%.1f GB/s, %.1f GFLOP/s\n",
+      static_cast<long long>(gen_tokens), step.min, step.median, step.max, decode_tok_s, decode_gbps, decode_gflops);
+  std::printf("load and compile %.1f ms; %.1f MB of weights\n", load_ms, work.weight_bytes / 1e6);
+  if (peak.measured)
+    std::printf(
+        "efficiency: decode %s of probed read bandwidth (%.1f GB/s), prompt %s of probed fp32 FMA peak "
+        "(%.1f GFLOP/s)\n",
+        percent_of(decode_gbps, peak.gbps).c_str(), peak.gbps, percent_of(prompt_gflops, peak.gflops).c_str(),
+        peak.gflops);
+  if (args.flag("json")) {
+    nlohmann::json json = {{"model", dir},
+                           {"session", session.describe()},
+                           {"dtype", std::string(dtype_name(session.dtype()))},
+                           {"threads", threads},
+                           {"iters", iters},
+                           {"warmup", warmup},
+                           {"prompt_tokens", prompt_tokens},
+                           {"gen_tokens", gen_tokens},
+                           {"prompt_ms", prefill.median},
+                           {"prompt_min_ms", prefill.min},
+                           {"decode_run_min_ms", decode_run.min},
+                           {"prompt_tok_s", prompt_tok_s},
+                           {"prompt_gflops", prompt_gflops},
+                           {"decode_tok_s", decode_tok_s},
+                           {"decode_gbps", decode_gbps},
+                           {"min_ms", step.min},
+                           {"median_ms", step.median},
+                           {"max_ms", step.max},
+                           {"gflops", decode_gflops},
+                           {"gbps", decode_gbps},
+                           {"load_ms", load_ms}};
+    if (peak.measured) {
+      json["peak_gbps"] = peak.gbps;
+      json["peak_gflops"] = peak.gflops;
+      json["decode_gbps_efficiency"] = decode_gbps / peak.gbps;
+      json["prompt_gflops_efficiency"] = prompt_gflops / peak.gflops;
+    }
+    std::printf("%s\n", json.dump().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int bench_command(const std::vector<std::string>& argv) {
+  const Args args("bench",
+                  join({kWeightOptions, kInputOptions, kCompileOptions, kBenchOnlyOptions, kModelBenchOptions}), argv);
+  if (args.flag("help")) {
+    std::printf(
+        "usage: npusim bench GRAPH.json|PROGRAM.npubin [options]\n"
+        "       npusim bench --model DIR [--prompt-tokens N] [--gen-tokens N] [options]\n"
+        "With --model, min/median/max are per decode step, gbps and gflops those of decoding.\n%s",
+        args.usage().c_str());
+    return 0;
+  }
+  return args.flag("model") ? bench_model(args) : bench_graph(args);
 }
 
 }  // namespace npusim::cli

@@ -13,6 +13,7 @@ int passes_command(const std::vector<std::string>& args);
 int bisect_command(const std::vector<std::string>& args);
 int kernel_command(const std::vector<std::string>& args);
 int bench_command(const std::vector<std::string>& args);
+int probe_command(const std::vector<std::string>& args);
 int generate_command(const std::vector<std::string>& args);
 int chat_command(const std::vector<std::string>& args);
 

@@ -18,6 +18,7 @@ commands:
   run      run a graph or program on its backend (or --reference) and write or print its outputs
   bisect   find the compiler pass and node where a compiled model's output starts to diverge
   bench    time a graph or program on the CPU backend: min/median/max, GFLOP/s, GB/s (--json)
+  probe    measure this machine: memory read bandwidth, fp32 FMA peak, CPU features (--json)
   passes   list the compiler passes (each can be switched off with --disable NAME)
   verify   compare two safetensors files tensor by tensor (Pearson r, top-5, argmax, max |diff|)
   ops      which canonical ops each backend covers (--target T, --markdown for docs/ops.md)
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
     if (command == "bisect") return npusim::cli::bisect_command(args);
     if (command == "kernel") return npusim::cli::kernel_command(args);
     if (command == "bench") return npusim::cli::bench_command(args);
+    if (command == "probe") return npusim::cli::probe_command(args);
     if (command == "generate") return npusim::cli::generate_command(args);
     if (command == "chat") return npusim::cli::chat_command(args);
     std::fprintf(stderr, "npusim: unknown command '%s' (see npusim --help)\n", command.c_str());

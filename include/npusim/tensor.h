@@ -13,6 +13,8 @@ namespace npusim {
 
 using Shape = std::vector<int64_t>;
 
+// The machine's physical memory: no single allocation larger than this is attempted (it could never succeed).
+size_t physical_memory_bytes();
 int64_t shape_numel(const Shape& shape);
 std::string shape_string(const Shape& shape);  // "[1, 3, 224, 224]"
 Shape contiguous_strides(const Shape& shape);  // in elements

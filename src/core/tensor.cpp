@@ -9,16 +9,6 @@ namespace npusim {
 
 namespace {
 
-size_t physical_memory_bytes() {
-  static const size_t bytes = [] {
-    const long pages = ::sysconf(_SC_PHYS_PAGES);
-    const long page_size = ::sysconf(_SC_PAGE_SIZE);
-    if (pages <= 0 || page_size <= 0) return std::numeric_limits<size_t>::max();
-    return static_cast<size_t>(pages) * static_cast<size_t>(page_size);
-  }();
-  return bytes;
-}
-
 // A request larger than the machine's memory can never succeed: refuse it with the shape rather than throwing
 // bad_alloc (or, under AddressSanitizer, aborting) deep inside an allocation.
 size_t checked_allocation_bytes(DType dtype, const Shape& shape) {
@@ -28,12 +18,22 @@ size_t checked_allocation_bytes(DType dtype, const Shape& shape) {
   if (numel > memory / element)
     fail("cannot allocate a " + std::string(dtype_name(dtype)) + " tensor of shape " + shape_string(shape) + ": " +
          (numel > std::numeric_limits<size_t>::max() / element ? std::string("its size overflows")
-                                                                 : std::to_string(numel * element) + " bytes") +
+                                                               : std::to_string(numel * element) + " bytes") +
          ", more than this machine's " + std::to_string(memory) + " bytes of memory");
   return numel * element;
 }
 
 }  // namespace
+
+size_t physical_memory_bytes() {
+  static const size_t bytes = [] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page_size = ::sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page_size <= 0) return std::numeric_limits<size_t>::max();
+    return static_cast<size_t>(pages) * static_cast<size_t>(page_size);
+  }();
+  return bytes;
+}
 
 int64_t shape_numel(const Shape& shape) {
   int64_t count = 1;
@@ -80,7 +80,8 @@ Tensor Tensor::borrow(DType dtype, Shape shape, const void* data, std::shared_pt
 int64_t Tensor::dim(int64_t index) const {
   const int64_t r = rank();
   if (index < 0) index += r;
-  if (index < 0 || index >= r) fail("dimension " + std::to_string(index) + " out of range for shape " + shape_string(shape_));
+  if (index < 0 || index >= r)
+    fail("dimension " + std::to_string(index) + " out of range for shape " + shape_string(shape_));
   return shape_[static_cast<size_t>(index)];
 }
 
@@ -90,8 +91,7 @@ std::byte* Tensor::mutable_bytes() {
 }
 
 Tensor Tensor::reshaped(Shape shape) const {
-  if (shape_numel(shape) != numel())
-    fail("cannot reshape " + shape_string(shape_) + " to " + shape_string(shape));
+  if (shape_numel(shape) != numel()) fail("cannot reshape " + shape_string(shape_) + " to " + shape_string(shape));
   Tensor t = *this;
   t.shape_ = std::move(shape);
   return t;
@@ -99,16 +99,26 @@ Tensor Tensor::reshaped(Shape shape) const {
 
 double Tensor::element_as_double(int64_t i) const {
   switch (dtype_) {
-    case DType::Float32: return data<float>()[i];
-    case DType::Float64: return data<double>()[i];
-    case DType::Float16: return fp16_to_float(data<uint16_t>()[i]);
-    case DType::BFloat16: return bf16_to_float(data<uint16_t>()[i]);
-    case DType::Int8: return data<int8_t>()[i];
-    case DType::Int16: return data<int16_t>()[i];
-    case DType::Int32: return data<int32_t>()[i];
-    case DType::Int64: return static_cast<double>(data<int64_t>()[i]);
-    case DType::UInt8: return data<uint8_t>()[i];
-    case DType::Bool: return data<uint8_t>()[i] ? 1.0 : 0.0;
+    case DType::Float32:
+      return data<float>()[i];
+    case DType::Float64:
+      return data<double>()[i];
+    case DType::Float16:
+      return fp16_to_float(data<uint16_t>()[i]);
+    case DType::BFloat16:
+      return bf16_to_float(data<uint16_t>()[i]);
+    case DType::Int8:
+      return data<int8_t>()[i];
+    case DType::Int16:
+      return data<int16_t>()[i];
+    case DType::Int32:
+      return data<int32_t>()[i];
+    case DType::Int64:
+      return static_cast<double>(data<int64_t>()[i]);
+    case DType::UInt8:
+      return data<uint8_t>()[i];
+    case DType::Bool:
+      return data<uint8_t>()[i] ? 1.0 : 0.0;
   }
   return 0.0;
 }
@@ -144,7 +154,9 @@ Tensor Tensor::to(DType target) const {
       }
       break;
     }
-    case DType::Float64: convert_all(*this, out.mutable_data<double>()); break;
+    case DType::Float64:
+      convert_all(*this, out.mutable_data<double>());
+      break;
     case DType::Float16:
       for (int64_t i = 0; i < n; ++i)
         out.mutable_data<uint16_t>()[i] = float_to_fp16(static_cast<float>(element_as_double(i)));
@@ -153,11 +165,21 @@ Tensor Tensor::to(DType target) const {
       for (int64_t i = 0; i < n; ++i)
         out.mutable_data<uint16_t>()[i] = float_to_bf16(static_cast<float>(element_as_double(i)));
       break;
-    case DType::Int8: convert_all(*this, out.mutable_data<int8_t>()); break;
-    case DType::Int16: convert_all(*this, out.mutable_data<int16_t>()); break;
-    case DType::Int32: convert_all(*this, out.mutable_data<int32_t>()); break;
-    case DType::Int64: convert_all(*this, out.mutable_data<int64_t>()); break;
-    case DType::UInt8: convert_all(*this, out.mutable_data<uint8_t>()); break;
+    case DType::Int8:
+      convert_all(*this, out.mutable_data<int8_t>());
+      break;
+    case DType::Int16:
+      convert_all(*this, out.mutable_data<int16_t>());
+      break;
+    case DType::Int32:
+      convert_all(*this, out.mutable_data<int32_t>());
+      break;
+    case DType::Int64:
+      convert_all(*this, out.mutable_data<int64_t>());
+      break;
+    case DType::UInt8:
+      convert_all(*this, out.mutable_data<uint8_t>());
+      break;
     case DType::Bool:
       for (int64_t i = 0; i < n; ++i) out.mutable_data<uint8_t>()[i] = element_as_double(i) != 0.0 ? 1 : 0;
       break;

@@ -336,6 +336,9 @@ Tensor storage_to_tensor(const std::byte* src, Elem elem, const Shape& shape) {
 }
 
 AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
+  if (bytes > physical_memory_bytes())
+    fail("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes, more than this machine's " +
+         std::to_string(physical_memory_bytes()) + " bytes of memory");
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   auto* memory = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded));
   if (!memory) fail("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");

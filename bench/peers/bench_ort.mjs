@@ -1,0 +1,99 @@
+// Times an ONNX model with ONNX Runtime (onnxruntime-node, CPU execution provider).
+//
+//   ORT_DISABLE_TELEMETRY=1 node bench_ort.mjs MODEL.onnx INPUTS.safetensors [--threads 1,2] [--iters N]
+//       [--warmup N] [--reference LOGITS.safetensors]
+//
+// One session per thread count (intra-op threads N, inter-op 1, sequential execution, all graph optimizations);
+// prints one JSON object per line: threads, min_ms, median_ms, max_ms, and max_abs_diff against the reference.
+import { createRequire } from 'node:module';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const peersDir = process.env.PEERS_DIR ?? path.join(here, '..', '..', 'build-peers');
+const require = createRequire(path.join(peersDir, 'ort', 'package.json'));
+const ort = require('onnxruntime-node');
+
+function parseArgs(argv) {
+  const options = { threads: [1, 2], iters: 20, warmup: 3, reference: null, positionals: [] };
+  for (let i = 0; i < argv.length; ++i) {
+    const arg = argv[i];
+    const value = () => {
+      if (i + 1 >= argv.length) throw new Error(`option '${arg}' needs a value`);
+      return argv[++i];
+    };
+    if (arg === '--threads') options.threads = value().split(',').map(Number);
+    else if (arg === '--iters') options.iters = Number(value());
+    else if (arg === '--warmup') options.warmup = Number(value());
+    else if (arg === '--reference') options.reference = value();
+    else if (arg.startsWith('--')) throw new Error(`unknown option '${arg}'`);
+    else options.positionals.push(arg);
+  }
+  if (options.positionals.length !== 2) throw new Error('expected MODEL.onnx INPUTS.safetensors');
+  return options;
+}
+
+// float32 tensors of a safetensors file, by name.
+function readSafetensors(file) {
+  const bytes = readFileSync(file);
+  const headerLength = Number(bytes.readBigUInt64LE(0));
+  const header = JSON.parse(bytes.subarray(8, 8 + headerLength).toString('utf8'));
+  const tensors = {};
+  for (const [name, entry] of Object.entries(header)) {
+    if (name === '__metadata__') continue;
+    if (entry.dtype !== 'F32') throw new Error(`${file}: ${name} is ${entry.dtype}, expected F32`);
+    const [begin, end] = entry.data_offsets;
+    const data = new Float32Array((end - begin) / 4);
+    Buffer.from(data.buffer).set(bytes.subarray(8 + headerLength + begin, 8 + headerLength + end));
+    tensors[name] = { shape: entry.shape, data };
+  }
+  return tensors;
+}
+
+async function timeSession(modelPath, feeds, threads, options) {
+  const session = await ort.InferenceSession.create(modelPath, {
+    executionProviders: ['cpu'],
+    intraOpNumThreads: threads,
+    interOpNumThreads: 1,
+    executionMode: 'sequential',
+    graphOptimizationLevel: 'all',
+  });
+  let outputs;
+  for (let i = 0; i < options.warmup; ++i) outputs = await session.run(feeds);
+  const ms = [];
+  for (let i = 0; i < options.iters; ++i) {
+    const start = process.hrtime.bigint();
+    outputs = await session.run(feeds);
+    ms.push(Number(process.hrtime.bigint() - start) / 1e6);
+  }
+  ms.sort((a, b) => a - b);
+  const result = { runner: 'onnxruntime', version: ort.env.versions?.common ?? 'unknown', threads,
+                   iters: options.iters, min_ms: ms[0], median_ms: ms[Math.floor(ms.length / 2)],
+                   max_ms: ms[ms.length - 1] };
+  if (options.reference) {
+    const reference = Object.values(readSafetensors(options.reference))[0].data;
+    const output = outputs[session.outputNames[0]].data;
+    let diff = 0;
+    for (let i = 0; i < reference.length; ++i) diff = Math.max(diff, Math.abs(output[i] - reference[i]));
+    result.max_abs_diff = diff;
+  }
+  await session.release();
+  return result;
+}
+
+async function main() {
+  if (process.env.ORT_DISABLE_TELEMETRY !== '1') throw new Error('run with ORT_DISABLE_TELEMETRY=1');
+  const options = parseArgs(process.argv.slice(2));
+  const [modelPath, inputsPath] = options.positionals;
+  const feeds = {};
+  for (const [name, tensor] of Object.entries(readSafetensors(inputsPath)))
+    feeds[name] = new ort.Tensor('float32', tensor.data, tensor.shape);
+  for (const threads of options.threads)
+    console.log(JSON.stringify(await timeSession(modelPath, feeds, threads, options)));
+}
+
+main().catch((error) => {
+  console.error(`bench_ort: ${error.message}`);
+  process.exit(1);
+});

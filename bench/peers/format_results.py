@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Turns a run_all.sh results directory into markdown tables, one per model.
+
+    format_results.py RESULTS_DIR
+
+Reads machine.txt, commands.tsv and MODEL.RUNNER.jsonl (one JSON object per line). The ratio columns are always
+npusim's time over the peer's at the same thread count, best run against best run (the machine may be shared):
+above 1 means npusim is slower.
+"""
+import json
+import os
+import sys
+
+RESNET_RUNNERS = ["npusim", "onnxruntime", "pytorch"]
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as file:
+        return [json.loads(line) for line in file if line.startswith("{")]
+
+
+def best_rounds(rows, time_key):
+    """One row per thread count: the round with the smallest `time_key`."""
+    best = {}
+    for row in rows:
+        kept = best.get(row["threads"])
+        if kept is None or row[time_key] < kept[time_key]:
+            best[row["threads"]] = row
+    return [best[threads] for threads in sorted(best)]
+
+
+def read_commands(results):
+    commands = {}
+    path = os.path.join(results, "commands.tsv")
+    if os.path.exists(path):
+        with open(path) as file:
+            for line in file:
+                model, command = line.rstrip("\n").split("\t", 1)
+                commands.setdefault(model, []).append(command)
+    return commands
+
+
+def resnet_table(results, model):
+    rows = {runner: best_rounds(read_jsonl(os.path.join(results, f"{model}.{runner}.jsonl")), "min_ms")
+            for runner in RESNET_RUNNERS}
+    if not any(rows.values()):
+        return None
+    npusim = {row["threads"]: row["min_ms"] for row in rows["npusim"]}
+    lines = [
+        f"| {model} batch 1, fp32 | threads | min ms | median ms | max ms | npusim/peer (min time) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for runner in RESNET_RUNNERS:
+        for row in rows[runner]:
+            ratio = "" if runner == "npusim" or row["threads"] not in npusim else \
+                f"{npusim[row['threads']] / row['min_ms']:.2f}"
+            name = runner
+            if runner != "npusim" and "version" in row:
+                name += f" {row['version']}"
+            lines.append(f"| {name} | {row['threads']} | {row['min_ms']:.1f} | {row['median_ms']:.1f} | "
+                         f"{row['max_ms']:.1f} | {ratio} |")
+    lines.append("")
+    verify = os.path.join(results, f"{model}.verify.txt")
+    if os.path.exists(verify):
+        with open(verify) as file:
+            lines.append(f"npusim's logits against PyTorch's: `{' '.join(file.read().split())}`.")
+    notes = [row for row in read_jsonl(os.path.join(results, f"{model}.onnxruntime.jsonl")) if "max_abs_diff" in row]
+    if notes:
+        lines.append(f"ONNX Runtime's logits differ from PyTorch's by at most {max(r['max_abs_diff'] for r in notes):.2g}.")
+    return lines
+
+
+def llama_rows(results):
+    """(weights, threads) -> {"prompt": tok/s samples, "decode": tok/s samples} from llama-bench jsonl."""
+    rows = {}
+    for row in read_jsonl(os.path.join(results, "qwen15.llama.cpp.jsonl")):
+        weights = row["model_type"].split()[-1]  # "qwen2 1.5B F16" -> F16
+        entry = rows.setdefault((weights, row["n_threads"]), {})
+        entry.setdefault("prompt" if row["n_prompt"] > 0 else "decode", []).extend(row["samples_ts"])
+        entry["size_gb"] = row["model_size"] / 1e9
+    return rows
+
+
+def llm_table(results):
+    npusim_rows = read_jsonl(os.path.join(results, "qwen15.npusim.jsonl"))
+    for row in npusim_rows:
+        row["decode_rate"] = row["decode_run_min_ms"] / max(1, row["gen_tokens"])
+    peers = llama_rows(results)
+    if not npusim_rows and not peers:
+        return None
+    prompt = npusim_rows[0]["prompt_tokens"] if npusim_rows else "?"
+    gen = npusim_rows[0]["gen_tokens"] if npusim_rows else "?"
+    lines = [
+        f"| Qwen2.5-1.5B shape (random weights), prompt {prompt} + decode {gen}, best run | weights | threads | "
+        "prompt tok/s | decode tok/s | decode GB/s | npusim/peer prompt time | npusim/peer decode time |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    npusim = {}
+    prompt_best = {row["threads"]: row["prompt_min_ms"] for row in best_rounds(npusim_rows, "prompt_min_ms")}
+    for row in best_rounds(npusim_rows, "decode_rate"):
+        best = {"prompt": row["prompt_tokens"] / (prompt_best[row["threads"]] / 1e3),
+                "decode": row["gen_tokens"] / (row["decode_run_min_ms"] / 1e3)}
+        npusim[row["threads"]] = best
+        gbps = row["decode_gbps"] * best["decode"] / row["decode_tok_s"]
+        lines.append(f"| npusim | {row['dtype']} | {row['threads']} | {best['prompt']:.1f} | {best['decode']:.2f} | "
+                     f"{gbps:.1f} | | |")
+    for (weights, threads), entry in sorted(peers.items(), key=lambda item: (item[0][1], item[0][0])):
+        prompt_ts = max(entry.get("prompt", [float("nan")]))
+        decode_ts = max(entry.get("decode", [float("nan")]))
+        gbps = entry["size_gb"] * decode_ts
+        base = npusim.get(threads)
+        prompt_ratio = f"{prompt_ts / base['prompt']:.2f}" if base else ""
+        decode_ratio = f"{decode_ts / base['decode']:.2f}" if base else ""
+        lines.append(f"| llama.cpp llama-bench | {weights} | {threads} | {prompt_ts:.1f} | {decode_ts:.2f} | "
+                     f"{gbps:.1f} | {prompt_ratio} | {decode_ratio} |")
+    lines.append("")
+    lines.append("llama.cpp's decode GB/s is its file size times tokens/s; npusim's counts the weights and the KV cache "
+                 "it reads.")
+    return lines
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: format_results.py RESULTS_DIR")
+    results = sys.argv[1]
+    with open(os.path.join(results, "machine.txt")) as file:
+        machine = [line.rstrip("\n") for line in file if not line.startswith("probe:")]
+    commands = read_commands(results)
+    tables = [("resnet18", resnet_table(results, "resnet18")), ("resnet50", resnet_table(results, "resnet50")),
+              ("qwen15", llm_table(results))]
+    for model, lines in tables:
+        if lines is None:
+            continue
+        print("\n".join(lines))
+        print()
+        print("; ".join(machine))
+        print()
+        print("```")
+        print("\n".join(commands.get(model, [])))
+        print("```")
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Runs npusim and the programs users would pick instead on this machine, in one go, at 1 and 2 threads, and
+# prints one markdown table per model, ready for docs/benchmarks.md.
+#
+#   bench/peers/run_all.sh [--quick] [--rounds N] [--skip-resnet] [--skip-llm]
+#
+#   ResNet-18/50 (seeded torchvision weights): npusim bench, ONNX Runtime (onnxruntime-node), PyTorch 1.13 eager
+#   Qwen2.5-1.5B-shaped LLM (random bf16 weights): npusim bench --model, llama.cpp llama-bench (bf16, f16, Q8_0)
+#
+# --quick: fewer iterations, ResNet-18 only, prompt 32 / decode 8 instead of 128 / 32, one round.
+# --rounds N: run every runner N times in turn (default 2) and keep each one's best round, so that load from
+# other work on a shared machine does not favour whichever runner happened to run in a quiet minute.
+# Environment: NPUSIM (default build/bin/npusim), BENCH_LLM (default next to NPUSIM), PEERS_DIR (default
+# build-peers), THREADS (default "1 2"). Everything downloaded, built or written goes under PEERS_DIR; missing
+# pieces are set up on the first run (llama.cpp takes about 12 minutes to build on 2 cores).
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "$0")/../.." && pwd)"
+peers_script_dir="$repo_root/bench/peers"
+export PEERS_DIR="${PEERS_DIR:-$repo_root/build-peers}"
+npusim="${NPUSIM:-$repo_root/build/bin/npusim}"
+bench_llm="${BENCH_LLM:-$(dirname "$npusim")/bench_llm}"
+threads_list="${THREADS:-1 2}"
+torch_python=/usr/bin/python3
+export ORT_DISABLE_TELEMETRY=1
+
+quick=0 run_resnet=1 run_llm=1 rounds=""
+while (($#)); do
+  arg="$1"
+  shift
+  case "$arg" in
+    --quick) quick=1 ;;
+    --rounds)
+      rounds="${1:-}"
+      shift || true
+      [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "run_all.sh: --rounds needs a positive integer" >&2; exit 2; } ;;
+    --skip-resnet) run_resnet=0 ;;
+    --skip-llm) run_llm=0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run_all.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+if ((quick)); then
+  iters=5 warmup=1 resnet_models="resnet18" prompt=32 gen=8 llm_reps=1 rounds="${rounds:-1}"
+else
+  iters=20 warmup=3 resnet_models="resnet18 resnet50" prompt=128 gen=32 llm_reps=2 rounds="${rounds:-2}"
+fi
+threads_csv="$(echo $threads_list | tr ' ' ',')"
+
+[[ -x "$npusim" ]] || { echo "run_all.sh: no npusim at $npusim (build it, or set NPUSIM)" >&2; exit 1; }
+# Raised priority where allowed: the machine may be shared with builds.
+run_nice=()
+if nice -n -5 true 2>/dev/null; then run_nice=(nice -n -5); fi
+
+results="$PEERS_DIR/results/$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$results"
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs, $(grep -o -w -E 'avx2|fma|f16c|avx512f|avx512_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')($(uname -r))"
+  echo "load before: $(uptime | sed 's/.*load average: //')"
+  echo "priority: ${run_nice[*]:-default}"
+  echo "rounds: $rounds"
+  echo "probe: $("$npusim" probe --json)"
+} > "$results/machine.txt"
+
+# record FILE MODEL COMMAND...: runs COMMAND, keeps its JSON lines in FILE and (once) the command line for MODEL.
+record() {
+  local file="$1" model="$2"
+  shift 2
+  ((round > 1)) || printf '%s\t%s\n' "$model" "${*/#$repo_root\//}" >> "$results/commands.tsv"
+  echo "+ $*" >&2
+  "${run_nice[@]}" "$@" 2>> "$results/stderr.log" | tee -a "$results/stdout.log" | grep '^{' >> "$results/$file" || {
+    echo "run_all.sh: failed: $* (see $results/stderr.log)" >&2
+    return 1
+  }
+}
+
+ensure_ort() {
+  [[ -d "$PEERS_DIR/ort/node_modules/onnxruntime-node" ]] && return
+  mkdir -p "$PEERS_DIR/ort"
+  [[ -f "$PEERS_DIR/ort/package.json" ]] || echo '{"name": "npusim-peers-ort", "private": true}' > "$PEERS_DIR/ort/package.json"
+  (cd "$PEERS_DIR/ort" && npm install --ignore-scripts --no-audit --no-fund onnxruntime-node@1.30.0)
+}
+
+ensure_resnet() {
+  [[ -f "$PEERS_DIR/models/$1.onnx" && -f "$PEERS_DIR/models/$1.safetensors" ]] && return
+  "$torch_python" "$peers_script_dir/export_resnet.py" --arch "$1" --out "$PEERS_DIR/models"
+}
+
+ensure_llm() {
+  local llama="$PEERS_DIR/llama.cpp/build/bin"
+  [[ -x "$llama/llama-bench" && -x "$llama/llama-quantize" ]] || "$peers_script_dir/setup_llama_cpp.sh"
+  if [[ ! -f "$PEERS_DIR/qwen15/model.safetensors" ]]; then
+    [[ -x "$bench_llm" ]] || { echo "run_all.sh: no bench_llm at $bench_llm (ninja -C build bench_llm)" >&2; exit 1; }
+    "$bench_llm" write "$PEERS_DIR/qwen15" --config "$repo_root/tests/data/fixtures/qwen2.5-1.5b-instruct"
+  fi
+  for type in bf16 f16; do
+    [[ -f "$PEERS_DIR/qwen15-$type.gguf" ]] ||
+      PYTHONPATH="$PEERS_DIR/llama.cpp/gguf-py" "$torch_python" "$peers_script_dir/qwen_to_gguf.py" \
+        "$PEERS_DIR/qwen15" "$PEERS_DIR/qwen15-$type.gguf" --type "$type"
+  done
+  [[ -f "$PEERS_DIR/qwen15-q8_0.gguf" ]] ||
+    "$llama/llama-quantize" "$PEERS_DIR/qwen15-f16.gguf" "$PEERS_DIR/qwen15-q8_0.gguf" Q8_0 > /dev/null
+}
+
+round=0
+if ((run_resnet)); then
+  ensure_ort
+  for model in $resnet_models; do
+    ensure_resnet "$model"
+    # Same model everywhere: npusim's logits against PyTorch's before anything is timed.
+    "$npusim" run "$repo_root/tests/data/fixtures/ir/${model}_ir.json" --weights "$PEERS_DIR/models/$model.safetensors" \
+      --inputs "$PEERS_DIR/models/${model}_inputs.safetensors" --outputs "$results/$model.npusim_logits.safetensors" > /dev/null
+    "$npusim" verify "$results/$model.npusim_logits.safetensors" "$PEERS_DIR/models/${model}_logits.safetensors" |
+      tail -n 1 > "$results/$model.verify.txt"
+  done
+fi
+if ((run_llm)); then ensure_llm; fi
+
+for ((round = 1; round <= rounds; ++round)); do
+  if ((run_resnet)); then
+    for model in $resnet_models; do
+      weights="$PEERS_DIR/models/$model.safetensors" inputs="$PEERS_DIR/models/${model}_inputs.safetensors"
+      for t in $threads_list; do
+        record "$model.npusim.jsonl" "$model" "$npusim" bench "$repo_root/tests/data/fixtures/ir/${model}_ir.json" \
+          --weights "$weights" --inputs "$inputs" --threads "$t" --iters "$iters" --warmup "$warmup" --json
+      done
+      record "$model.onnxruntime.jsonl" "$model" node "$peers_script_dir/bench_ort.mjs" "$PEERS_DIR/models/$model.onnx" \
+        "$inputs" --threads "$threads_csv" --iters "$iters" --warmup "$warmup" \
+        --reference "$PEERS_DIR/models/${model}_logits.safetensors"
+      record "$model.pytorch.jsonl" "$model" "$torch_python" "$peers_script_dir/bench_torch.py" --arch "$model" \
+        --weights "$weights" --inputs "$inputs" --threads "$threads_csv" --iters "$iters" --warmup "$warmup"
+    done
+  fi
+
+  if ((run_llm)); then
+    for t in $threads_list; do
+      record "qwen15.npusim.jsonl" qwen15 "$npusim" bench --model "$PEERS_DIR/qwen15" --threads "$t" \
+        --prompt-tokens "$prompt" --gen-tokens "$gen" --iters "$llm_reps" --json
+    done
+    for type in bf16 f16 q8_0; do
+      record "qwen15.llama.cpp.jsonl" qwen15 "$PEERS_DIR/llama.cpp/build/bin/llama-bench" \
+        -m "$PEERS_DIR/qwen15-$type.gguf" -p "$prompt" -n "$gen" -t "$threads_csv" -r "$llm_reps" -o jsonl
+    done
+  fi
+done
+
+echo "load after: $(uptime | sed 's/.*load average: //')" >> "$results/machine.txt"
+"$torch_python" "$peers_script_dir/format_results.py" "$results" | tee "$results/tables.md"
+echo "results: $results" >&2
