@@ -17,6 +17,9 @@ const std::map<std::string, const char*> kBuiltinTargets = {
     {"cpu", R"({"name": "cpu", "backend": "cpu", "alignment": 64, "max_rank": 8,
                "compute_dtypes": ["float32", "float16", "bfloat16"], "ops": "*", "memory_bytes": 0,
                "fallback": ""})"},
+    {"cuda", R"({"name": "cuda", "backend": "cuda", "alignment": 256, "max_rank": 8,
+                "compute_dtypes": ["float32", "float16", "bfloat16"], "ops": "*", "memory_bytes": 0,
+                "fallback": "cpu"})"},
 };
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "backends/cuda/kernel_op_names.h"
 #include "core/json_text.h"
 #include "npusim/op_registry.h"
 #include "runtime/backend.h"
@@ -13,9 +14,12 @@ namespace npusim {
 
 namespace {
 
-// The built-in declarations. The CPU backend's dedicated kernels come from its capabilities.
+// The built-in declarations. The CPU backend's dedicated kernels come from its capabilities; the CUDA backend's
+// from its kernel list (the same in builds without the CUDA toolkit, where only running on it fails). The CUDA
+// backend runs every other op on the host, on the registry's reference.
 const std::map<std::string, const char*> kBuiltinCoverage = {
     {"cpu", R"({"backend": "cpu", "compute_dtypes": ["float32", "float16", "bfloat16"], "dtypes": "*", "ops": "*"})"},
+    {"cuda", R"({"backend": "cuda", "compute_dtypes": ["float32", "float16", "bfloat16"], "dtypes": "*", "ops": "*"})"},
     {"reference", R"({"backend": "reference", "compute_dtypes": ["float32"], "dtypes": "*", "ops": "*"})"},
 };
 
@@ -239,6 +243,12 @@ BackendCoverage backend_coverage(const std::string& backend) {
   BackendCoverage coverage = parse_coverage(it->second, "built-in coverage of '" + backend + "'");
   if (backend == "reference") {
     for (auto& [name, op] : coverage.ops) op.kernel = true;  // its kernels are the reference implementations
+    return coverage;
+  }
+  if (backend == "cuda") {
+    for (auto& [name, op] : coverage.ops)
+      op.kernel =
+          std::find(cuda::kKernelOpNames.begin(), cuda::kKernelOpNames.end(), name) != cuda::kKernelOpNames.end();
     return coverage;
   }
   const BackendCapabilities capabilities = make_backend(backend)->capabilities();

@@ -16,6 +16,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/kernel_op_names.h"
 #include "compiler/compile.h"
 #include "compiler/graph_edit.h"
 #include "compiler/memory_plan.h"
@@ -402,6 +403,91 @@ TEST(CudaConformance, EveryKernelHasACase) {
       if (c.kernel) covered.insert(c.op);
   for (const std::string& op : cuda::CudaBackend().capabilities().ops)
     EXPECT_TRUE(covered.count(op)) << op << " has no conformance case";
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decode GEMV fusion: one-row linears reading the same row run as one batched GEMV (a residual add folded into
+// its linear), a gate/up pair with its silu_mul as one gated GEMV.
+
+struct DecodeBlock {
+  Built built;
+  size_t unfused_kernels = 0;
+};
+
+DecodeBlock decode_block(DType storage, int64_t k) {
+  DecodeBlock block;
+  Built& b = block.built;
+  b.graph.source = "decode block";
+  uint64_t seed = 1;
+  auto value = [&](const std::string& name, Shape shape, bool weight) {
+    const TensorMeta meta{shape, DType::Float32};
+    const ValueId id = compiler::add_value(b.graph, name, meta, weight ? ValueKind::Weight : ValueKind::GraphInput);
+    const Tensor values = make_values(Operand{shape, DType::Float32, weight}, seed++, storage);
+    if (weight) {
+      b.graph.value(id).weight_key = name;
+      b.graph.weights.push_back(id);
+      b.weights.emplace_back(id, values);
+    } else {
+      b.graph.inputs.push_back(id);
+      b.inputs[name] = values;
+    }
+    return id;
+  };
+  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs) {
+    std::vector<TensorMeta> metas;
+    for (ValueId id : inputs) metas.push_back(b.graph.value(id).meta);
+    const OpDef* def = OpRegistry::instance().find(op);
+    Attrs a;
+    OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
+    Node made = compiler::make_node(b.graph, op, name, a, inputs, def->infer(a, metas), {name});
+    const ValueId out = made.outputs[0];
+    b.graph.nodes.push_back(std::move(made));
+    ++block.unfused_kernels;
+    return out;
+  };
+  const ValueId x = value("x", {1, 1, k}, false), residual = value("residual", {1, 1, 40}, false);
+  const ValueId q = node("linear", "q", {x, value("wq", {40, k}, true), value("bq", {40}, true)});
+  const ValueId kv = node("linear", "k", {x, value("wk", {24, k}, true), value("bk", {24}, true)});
+  const ValueId o = node("linear", "o", {x, value("wo", {40, k}, true)});
+  const ValueId sum = node("add", "sum", {residual, o});
+  const ValueId gate = node("linear", "gate", {x, value("wg", {56, k}, true)});
+  const ValueId up = node("linear", "up", {x, value("wu", {56, k}, true)});
+  const ValueId gated = node("silu_mul", "gated", {gate, up});
+  b.graph.outputs = {q, kv, sum, gated};
+  compiler::renumber_producers(b.graph);
+  return block;
+}
+
+TEST(CudaFusion, DecodeGemvsFuseIntoTwoLaunchesAndMatchTheReference) {
+  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    for (const int64_t k : {int64_t{8}, int64_t{264}, int64_t{4104}}) {
+      const std::string what = std::string(dtype_name(storage)) + " k=" + std::to_string(k);
+      SCOPED_TRACE(what);
+      DecodeBlock block = decode_block(storage, k);
+      const Built& b = block.built;
+      const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
+      for (const bool fuse : {true, false}) {
+        cuda::CudaBackend backend({.poison_memory = true, .fuse_kernels = fuse});
+        const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
+        EXPECT_TRUE(prepared->fallback_nodes().empty());
+        EXPECT_EQ(prepared->last_timings().size(), fuse ? 2u : block.unfused_kernels);
+        for (int run = 0; run < 2; ++run) {
+          const NamedTensors actual = prepared->run(b.inputs);
+          ASSERT_EQ(actual.size(), expected.size());
+          for (size_t i = 0; i < actual.size(); ++i)
+            expect_matches(actual[i].second, expected[i].second, storage,
+                           what + (fuse ? " fused" : " unfused") + " output " + actual[i].first);
+        }
+      }
+    }
+  }
+}
+
+// The coverage table (docs/ops.md) reads the kernel list as data; it must name exactly the ops with a kernel.
+TEST(CudaBackend, DeclaredKernelListMatchesTheKernelTable) {
+  const std::vector<std::string> kernels = cuda::CudaBackend().capabilities().ops;
+  const std::vector<std::string> declared(cuda::kKernelOpNames.begin(), cuda::kKernelOpNames.end());
+  EXPECT_EQ(declared, kernels);
 }
 
 TEST(CudaBackend, IndexOutOfRangeIsAnErrorNamingTheNode) {

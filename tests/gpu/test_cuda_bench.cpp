@@ -165,11 +165,26 @@ TEST(CudaBench, QwenDecodeAndPrefill) {
       if (t.node == "linear" || t.node.size() <= 8 || t.node == graph.nodes.back().name)
         std::printf("  %-12s %8.4f ms  %6.0f GB/s\n", t.node.c_str(), t.milliseconds, bytes / t.milliseconds / 1e6);
     }
+    double weight_bytes = 0.0;  // every linear's weights, each read once per token
+    for (const Node& node : graph.nodes)
+      if (node.op == "linear")
+        weight_bytes += 2.0 * static_cast<double>(shape_numel(graph.value(node.inputs[1]).meta.shape));
+    const size_t launches = prepared->last_timings().size();
     std::printf(
         "BENCH qwen2.5-1.5b bf16 decode at context 128-192: %.3f ms/token = %.1f tok/s (kernels alone %.3f ms), "
-        "%zu nodes, %zu on the host, graph replay %s, load %.0f ms\n",
-        per_token, 1000.0 / per_token, kernels, graph.nodes.size(), prepared->fallback_nodes().size(),
-        replayed ? "yes" : "no", load_ms);
+        "%zu kernels per token, weights %.2f GB at %.0f GB/s, %zu nodes, %zu on the host, graph replay %s, "
+        "load %.0f ms\n",
+        per_token, 1000.0 / per_token, kernels, launches, weight_bytes / 1e9, weight_bytes / per_token / 1e6,
+        graph.nodes.size(), prepared->fallback_nodes().size(), replayed ? "yes" : "no", load_ms);
+    // A longer context: attention reads more of the cache; the rest of the step is the same.
+    for (int64_t position = 192; position < 1024; ++position) prepared->run(step(position));
+    std::vector<std::map<std::string, Tensor>> late;
+    for (int64_t position = 1024; position < 1088 && position < cache; ++position) late.push_back(step(position));
+    const double late_start = now_ms();
+    for (const auto& inputs : late) prepared->run(inputs);
+    const double late_per_token = (now_ms() - late_start) / static_cast<double>(std::max<size_t>(late.size(), 1));
+    std::printf("BENCH qwen2.5-1.5b bf16 decode at context 1024-1088: %.3f ms/token = %.1f tok/s (%.2fx context 128)\n",
+                late_per_token, 1000.0 / late_per_token, late_per_token / per_token);
   }
   {
     const Program program = compile_for(kFixtures + "/ir/qwen15_prefill_ir.json", DType::BFloat16);

@@ -80,7 +80,7 @@ TEST(Coverage, ReferenceRunsEveryOpWithFloat32Storage) {
   const auto reason = reference.unsupported_reason(b.graph(), relu, DType::BFloat16);
   ASSERT_TRUE(reason);
   EXPECT_TRUE(contains(*reason, "does not store activations as bfloat16")) << *reason;
-  EXPECT_EQ(coverage_backend_names(), (std::vector<std::string>{"cpu", "reference"}));
+  EXPECT_EQ(coverage_backend_names(), (std::vector<std::string>{"cpu", "cuda", "reference"}));
   EXPECT_THROW(backend_coverage("tpu"), Error);
 }
 
@@ -560,6 +560,33 @@ TEST(CompileWithPartitions, ReportListsPartitionsAndNoFallbackListsTheOps) {
     EXPECT_TRUE(contains(error.what(), "node 'cumsum_1' (cumsum)")) << error.what();
     EXPECT_TRUE(contains(error.what(), "does not store activations as bfloat16")) << error.what();
   }
+}
+
+TEST(Coverage, CudaRunsEveryOpWithItsKernelsMarkedAndTheBuiltinTargetFallsBackToCpu) {
+  const BackendCoverage cuda = backend_coverage("cuda");
+  EXPECT_EQ(cuda.backend, "cuda");
+  EXPECT_EQ(cuda.ops.size(), OpRegistry::instance().all().size());
+  EXPECT_EQ(cuda.compute_dtypes, (std::vector<DType>{DType::Float32, DType::Float16, DType::BFloat16}));
+  for (const char* op : {"linear", "attention", "rms_norm", "conv2d", "add"}) {
+    ASSERT_NE(cuda.find(op), nullptr) << op;
+    EXPECT_TRUE(cuda.find(op)->kernel) << op;
+  }
+  ASSERT_NE(cuda.find("cumsum"), nullptr);
+  EXPECT_FALSE(cuda.find("cumsum")->kernel);
+
+  const compiler::Target target = compiler::load_target("cuda");
+  EXPECT_EQ(target.name, "cuda");
+  EXPECT_EQ(target.backend, "cuda");
+  EXPECT_EQ(target.fallback, "cpu");
+  EXPECT_TRUE(target.all_ops);
+  const auto names = compiler::builtin_target_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "cuda"), names.end());
+
+  GraphBuilder b;
+  b.output(b.op("cumsum", {b.op("relu", {b.input("x", {3})})}, make_attrs({{"dim", int64_t{0}}})));
+  const compiler::PartitionPlan plan = compiler::partition_graph(b.graph(), target, DType::Float16);
+  ASSERT_EQ(plan.partitions.size(), 1u);
+  EXPECT_EQ(plan.partitions[0].backend, "cuda");
 }
 
 }  // namespace

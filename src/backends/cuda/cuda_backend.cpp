@@ -46,6 +46,14 @@ bool graphs_enabled_by_environment() {
   return !text || std::string(text) != "0";
 }
 
+int elem_code(Elem elem) { return static_cast<int>(elem); }
+Operand as_operand(const DeviceValue& value) { return {value.data, elem_code(value.elem)}; }
+
+bool fusion_enabled_by_environment() {
+  const char* text = std::getenv("NPUSIM_CUDA_FUSE");
+  return !text || std::string(text) != "0";
+}
+
 // Host bytes of a device value.
 std::vector<std::byte> download(const std::byte* data, size_t bytes, cudaStream_t stream, const std::string& where) {
   std::vector<std::byte> host(bytes);
@@ -347,8 +355,19 @@ class CudaPreparedProgram final : public PreparedProgram {
     kernels_.clear();
     timings_.clear();
     flags_ = DeviceBuffer(std::max<size_t>(graph_.nodes.size(), 1) * sizeof(int), graph_.source + ": error flags");
+    consumers_ = consumers_of_values();
+    std::vector<bool> fused_away(graph_.nodes.size(), false);
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
+      if (fused_away[n]) continue;
       const Node& node = graph_.nodes[n];
+      if (options_.fuse_kernels && fusion_enabled_by_environment()) {
+        std::string label;
+        if (std::optional<Launch> fused = fuse_decode_gemvs(n, fused_away, label)) {
+          kernels_.push_back({&node, std::move(*fused), false});
+          timings_.push_back({node.name, label, 0.0});
+          continue;
+        }
+      }
       OpContext ctx{node, {}, {}, reinterpret_cast<int*>(flags_.data()) + n};
       for (ValueId id : node.inputs) ctx.inputs.push_back(value_at(id));
       for (ValueId id : node.outputs) ctx.outputs.push_back(value_at(id));
@@ -358,6 +377,139 @@ class CudaPreparedProgram final : public PreparedProgram {
     for (const StateSlot& slot : state_)
       if (addresses_[static_cast<size_t>(root_of(slot.output))] != slot.memory->data())
         fail(graph_.source + ": state '" + slot.input_name + "' is not updated in place");
+  }
+
+  // ---- decode GEMV fusion ----
+  // One-row linears (decode) become fewer launches at prepare time, the graph itself unchanged: linears reading the
+  // same row (q/k/v) run as one batched GEMV; a gate and an up projection feeding a silu_mul run as one gated GEMV
+  // writing the silu_mul's output; a residual add that is a linear's only consumer is that GEMV's epilogue.
+
+  std::vector<std::vector<size_t>> consumers_of_values() const {
+    std::vector<std::vector<size_t>> consumers(graph_.values.size());
+    for (size_t n = 0; n < graph_.nodes.size(); ++n)
+      for (ValueId id : graph_.nodes[n].inputs) consumers[static_cast<size_t>(id)].push_back(n);
+    for (ValueId id : graph_.outputs) consumers[static_cast<size_t>(id)].push_back(graph_.nodes.size());
+    return consumers;
+  }
+
+  // The only node reading `id` (not a graph output), or nothing.
+  std::optional<size_t> sole_consumer(ValueId id) const {
+    const auto& readers = consumers_[static_cast<size_t>(id)];
+    if (readers.size() != 1 || readers[0] >= graph_.nodes.size()) return std::nullopt;
+    return readers[0];
+  }
+
+  static bool aligned16(const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; }
+
+  // A linear the GEMV takes whole: one row of activations, everything in one float storage.
+  bool plain_gemv(const Node& node) const {
+    if (node.op != "linear" || node.inputs.size() < 2 || node.inputs.size() > 3 || node.outputs.size() != 1)
+      return false;
+    const DeviceValue x = value_at(node.inputs[0]), w = value_at(node.inputs[1]), y = value_at(node.outputs[0]);
+    if (w.meta.shape.size() != 2 || x.meta.shape.empty() || !cpu::is_float_elem(y.elem)) return false;
+    const int64_t rows = w.meta.shape[0], k = w.meta.shape[1];
+    if (x.numel() != k || y.numel() != rows || rows <= 0 || x.elem != w.elem || w.elem != y.elem) return false;
+    if (node.inputs.size() == 3 && value_at(node.inputs[2]).numel() != rows) return false;
+    for (ValueId id : node.inputs)
+      if (state_of_value(id)) return false;
+    return aligned16(x.data) && aligned16(w.data) && gemv_supports(k, elem_code(y.elem));
+  }
+
+  GemvSegment segment_of(const Node& linear) const {
+    GemvSegment segment;
+    const DeviceValue w = value_at(linear.inputs[1]), y = value_at(linear.outputs[0]);
+    segment.w = w.data;
+    segment.y = y.data;
+    segment.rows = w.meta.shape[0];
+    if (linear.inputs.size() == 3) segment.bias = as_operand(value_at(linear.inputs[2]));
+    return segment;
+  }
+
+  // Folds the residual add that is the linear's only consumer into its segment, launched at node `launch_at`;
+  // returns that add's index.
+  std::optional<size_t> fold_residual(size_t n, size_t launch_at, GemvSegment& segment) const {
+    const Node& linear = graph_.nodes[n];
+    const auto add_index = sole_consumer(linear.outputs[0]);
+    if (!add_index) return std::nullopt;
+    const Node& add = graph_.nodes[*add_index];
+    if (add.op != "add" || add.inputs.size() != 2 || add.outputs.size() != 1 ||
+        add.attrs.get_float("alpha", 1.0) != 1.0)
+      return std::nullopt;
+    const ValueId other = add.inputs[0] == linear.outputs[0] ? add.inputs[1] : add.inputs[0];
+    if (other == linear.outputs[0] || state_of_value(other) || state_of_value(add.outputs[0])) return std::nullopt;
+    const Value& residual_value = graph_.value(other);
+    if (residual_value.kind == ValueKind::NodeOutput && residual_value.producer >= static_cast<int32_t>(launch_at))
+      return std::nullopt;
+    const DeviceValue residual = value_at(other), out = value_at(add.outputs[0]), y = value_at(linear.outputs[0]);
+    if (residual.numel() != segment.rows || out.numel() != segment.rows || out.elem != y.elem ||
+        !cpu::is_float_elem(residual.elem))
+      return std::nullopt;
+    segment.residual = as_operand(residual);
+    segment.y = out.data;
+    return add_index;
+  }
+
+  std::optional<Launch> fuse_decode_gemvs(size_t n, std::vector<bool>& fused_away, std::string& label) const {
+    const Node& first = graph_.nodes[n];
+    if (!plain_gemv(first)) return std::nullopt;
+    const ValueId x_id = first.inputs[0];
+    const DeviceValue x = value_at(x_id);
+    const int64_t k = x.numel();
+    const int elem = elem_code(value_at(first.outputs[0]).elem);
+    const Node* where_node = &first;
+
+    // Gated: silu_mul(first, other) with both linears read only by it.
+    if (const auto gate_reader = sole_consumer(first.outputs[0])) {
+      const Node& silu_mul = graph_.nodes[*gate_reader];
+      if (silu_mul.op == "silu_mul" && silu_mul.inputs.size() == 2 && silu_mul.inputs[0] == first.outputs[0] &&
+          silu_mul.outputs.size() == 1) {
+        const ValueId up_id = silu_mul.inputs[1];
+        const Value& up_value = graph_.value(up_id);
+        const bool up_ok = up_value.kind == ValueKind::NodeOutput && up_value.producer > static_cast<int32_t>(n) &&
+                           sole_consumer(up_id) == *gate_reader;
+        if (up_ok) {
+          const auto up_index = static_cast<size_t>(up_value.producer);
+          const Node& up = graph_.nodes[up_index];
+          const DeviceValue out = value_at(silu_mul.outputs[0]);
+          if (plain_gemv(up) && up.inputs[0] == x_id && elem_code(out.elem) == elem &&
+              value_at(up.inputs[1]).meta.shape == value_at(first.inputs[1]).meta.shape &&
+              out.numel() == segment_of(first).rows) {
+            GemvSegment gate = segment_of(first), up_segment = segment_of(up);
+            gate.y = out.data;
+            fused_away[up_index] = fused_away[*gate_reader] = true;
+            label = "linear+linear+silu_mul";
+            return [where_node, k, elem, x, gate, up_segment](cudaStream_t stream) {
+              check_cuda(launch_gemv_gated(stream, k, elem, x.data, gate, up_segment), "launch_gemv_gated",
+                         node_label(*where_node));
+            };
+          }
+        }
+      }
+    }
+
+    // Batched: the later linears reading the same row, each with its residual add folded in where it has one.
+    std::vector<GemvSegment> segments;
+    std::vector<size_t> members;
+    for (size_t j = n; j < graph_.nodes.size() && j < n + 16 && segments.size() < kGemvMaxSegments; ++j) {
+      const Node& other = graph_.nodes[j];
+      if (fused_away[j] || !plain_gemv(other) || other.inputs[0] != x_id) continue;
+      if (j != n) {
+        if (const auto reader = sole_consumer(other.outputs[0]); reader && graph_.nodes[*reader].op == "silu_mul")
+          continue;  // left for its gated pair
+      }
+      GemvSegment segment = segment_of(other);
+      if (const auto add_index = fold_residual(j, n, segment)) members.push_back(*add_index);
+      segments.push_back(segment);
+      members.push_back(j);
+    }
+    if (segments.size() == 1 && members.size() == 1) return std::nullopt;  // nothing fused: the plain linear runs
+    label = segments.size() > 1 ? "linear x" + std::to_string(segments.size()) : "linear+add";
+    for (size_t member : members)
+      if (member != n) fused_away[member] = true;
+    return [where_node, k, elem, x, segments](cudaStream_t stream) {
+      check_cuda(launch_gemv_batch(stream, k, elem, x.data, segments.data(), static_cast<int>(segments.size())),
+                 "launch_gemv_batch", node_label(*where_node));
+    };
   }
 
   // The op's CUDA kernel, or the host fallback. A factory that rejects the node's attributes leaves the verdict
@@ -588,6 +740,7 @@ class CudaPreparedProgram final : public PreparedProgram {
   std::vector<ValueId> view_of_;              // by ValueId: the value a view aliases, or kNoValue
   std::vector<PreparedNode> kernels_;
   std::vector<KernelTiming> timings_;
+  std::vector<std::vector<size_t>> consumers_;  // node indices reading each value; nodes.size() for a graph output
   std::vector<cudaEvent_t> events_;
   cudaGraphExec_t graph_exec_ = nullptr;
   int64_t runs_ = 0;

@@ -17,6 +17,9 @@ struct CudaOptions {
   bool poison_memory = false;
   // Capture the run into a CUDA graph after the first run and replay it ($NPUSIM_CUDA_GRAPHS=0 turns it off).
   bool use_graphs = true;
+  // Fuse decode's one-row linears at prepare time: q/k/v as one GEMV, gate/up with the silu_mul, residual adds
+  // into the GEMV ($NPUSIM_CUDA_FUSE=0 turns it off).
+  bool fuse_kernels = true;
 };
 
 class CudaBackend : public Backend {

@@ -108,6 +108,22 @@ cudaError_t launch_conv_epilogue(cudaStream_t stream, const ConvParams& p, void*
 // y[n] = x[k] · W[n, k]ᵀ + bias[n], one row of activations (decode), bf16/fp16/fp32 storage, fp32 accumulation.
 cudaError_t launch_gemv(cudaStream_t stream, int64_t n, int64_t k, void* y, int elem, const void* x, const void* w,
                         Operand bias);
+
+// Several GEMVs over the same activation row in one launch (decode's q/k/v, gate/up): y = x · Wᵀ + bias +
+// residual per segment, all in the storage `elem` (residual and bias may be null).
+constexpr int kGemvMaxSegments = 4;
+struct GemvSegment {
+  const void* w = nullptr;  // [rows, k]
+  void* y = nullptr;        // [rows]
+  Operand bias;             // [rows] or null
+  Operand residual;         // [rows] or null, added after the bias
+  int64_t rows = 0;
+};
+cudaError_t launch_gemv_batch(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment* segments,
+                              int count);
+// The gated MLP's first half in one launch: y = silu(x · Wgᵀ + bg) * (x · Wuᵀ + bu), both weights [rows, k].
+cudaError_t launch_gemv_gated(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment& gate,
+                              const GemvSegment& up);
 // Whether launch_gemv takes rows of length k in this storage (rows of whole 16-byte vectors; x and w 16-byte
 // aligned).
 bool gemv_supports(int64_t k, int elem);

@@ -588,52 +588,87 @@ __device__ __forceinline__ __nv_bfloat16 from_float(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// `parts` warps share a row (each a slice of its vectors), so that short outputs still fill the GPU. Each block
-// walks groups of rows from its index by the grid size (launched with one block per group: a persistent grid of
-// resident blocks measured slower on the H100).
-template <typename T>
-__global__ void __launch_bounds__(kGemvMaxWarps * 32)
-    gemv_kernel(int64_t n, int64_t k, int parts, T* y, const T* x, const T* w, Operand bias) {
-  __shared__ float partial[kGemvMaxWarps];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % parts;
-  const int rows_per_block = static_cast<int>(blockDim.x) / 32 / parts;
-  const int64_t groups = (n + rows_per_block - 1) / rows_per_block;
+struct GemvBatch {
+  GemvSegment segments[kGemvMaxSegments];
+  int64_t first[kGemvMaxSegments + 1];  // task index where each segment starts
+  int count;                            // a gated batch has one segment of tasks, its up rows in segments[1]
+};
+
+// Accumulates R dot products of the activation row with R weight rows over this warp's slice of the vectors.
+template <typename T, int R>
+__device__ __forceinline__ void gemv_dots(const uint4* activations, const uint4* const (&rows)[R], int64_t vectors,
+                                          int64_t start, int64_t step, float (&acc)[R]) {
   constexpr int kPerVector = 16 / sizeof(T);
-  const int64_t vectors = k / kPerVector;
-  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
-    const int64_t row = group * rows_per_block + warp / parts;
-    float acc = 0.0f;
-    if (row < n) {
-      const uint4* packed = reinterpret_cast<const uint4*>(w + row * k);
-      const uint4* activations = reinterpret_cast<const uint4*>(x);  // tiny and shared by every warp: cached
-      const int64_t step = 32 * static_cast<int64_t>(parts);
-      // Groups of kUnroll vectors per lane, loads predicated, so every load of a group is in flight at once.
-      constexpr int kUnroll = 8;
-      for (int64_t base = part * 32 + lane; base < vectors; base += step * kUnroll) {
-        uint4 weights[kUnroll], inputs[kUnroll];
+  constexpr int kUnroll = 8 / R;
+  for (int64_t base = start; base < vectors; base += step * kUnroll) {
+    uint4 weights[R][kUnroll], inputs[kUnroll];
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t at = base + step * u;
-          weights[u] = at < vectors ? __ldg(packed + at) : make_uint4(0, 0, 0, 0);
-          inputs[u] = at < vectors ? __ldg(activations + at) : make_uint4(0, 0, 0, 0);
-        }
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t at = base + step * u;
+      const bool valid = at < vectors;
+      inputs[u] = valid ? __ldg(activations + at) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const T* a = reinterpret_cast<const T*>(&inputs[u]);
-          const T* b = reinterpret_cast<const T*>(&weights[u]);
-#pragma unroll
-          for (int e = 0; e < kPerVector; ++e) acc += to_float(a[e]) * to_float(b[e]);
-        }
-      }
-      for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+      for (int r = 0; r < R; ++r) weights[r][u] = valid ? __ldg(rows[r] + at) : make_uint4(0, 0, 0, 0);
     }
-    if (lane == 0) partial[warp] = acc;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const T* a = reinterpret_cast<const T*>(&inputs[u]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const T* b = reinterpret_cast<const T*>(&weights[r][u]);
+#pragma unroll
+        for (int e = 0; e < kPerVector; ++e) acc[r] += to_float(a[e]) * to_float(b[e]);
+      }
+    }
+  }
+}
+
+// `parts` warps share a task (each a slice of its vectors), so that short outputs still fill the GPU; a task is
+// one row of one segment, or a gate row and its up row (R = 2, loaded together). Each block walks groups of
+// tasks from its index by the grid size.
+template <typename T, int R>
+__global__ void __launch_bounds__(kGemvMaxWarps * 32)
+    gemv_batch_kernel(GemvBatch batch, int64_t k, int parts, const T* x) {
+  __shared__ float partial[R][kGemvMaxWarps];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % parts;
+  const int tasks_per_block = static_cast<int>(blockDim.x) / 32 / parts;
+  const int64_t tasks = batch.first[batch.count];
+  const int64_t groups = (tasks + tasks_per_block - 1) / tasks_per_block;
+  const int64_t vectors = k / (16 / sizeof(T));
+  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+    const int64_t task = group * tasks_per_block + warp / parts;
+    int segment = 0;
+    while (segment + 1 < batch.count && task >= batch.first[segment + 1]) ++segment;
+    const int64_t row = task - batch.first[segment];
+    float acc[R] = {};
+    if (task < tasks) {
+      const uint4* rows[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        rows[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(batch.segments[segment + r].w) + row * k);
+      gemv_dots<T, R>(reinterpret_cast<const uint4*>(x), rows, vectors, part * 32 + lane, 32 * int64_t{parts}, acc);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+    }
+    if (lane == 0)
+#pragma unroll
+      for (int r = 0; r < R; ++r) partial[r][warp] = acc[r];
     __syncthreads();
-    if (row < n && part == 0 && lane == 0) {
-      float total = 0.0f;
-      for (int p = 0; p < parts; ++p) total += partial[warp + p];
-      if (bias.data) total += load_f(bias.data, bias.elem, row);
-      y[row] = from_float<T>(total);
+    if (task < tasks && part == 0 && lane == 0) {
+      float total[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        total[r] = 0.0f;
+        for (int p = 0; p < parts; ++p) total[r] += partial[r][warp + p];
+        const Operand bias = batch.segments[segment + r].bias;
+        if (bias.data) total[r] += load_f(bias.data, bias.elem, row);
+      }
+      const GemvSegment& out = batch.segments[segment];
+      float result = total[0];
+      if constexpr (R == 2) result = total[0] / (1.0f + __expf(-total[0])) * total[1];
+      if (out.residual.data) result += load_f(out.residual.data, out.residual.elem, row);
+      static_cast<T*>(out.y)[row] = from_float<T>(result);
     }
     __syncthreads();  // `partial` is reused by the next group
   }
@@ -962,37 +997,69 @@ cudaError_t launch_conv_epilogue(cudaStream_t stream, const ConvParams& p, void*
 
 bool gemv_supports(int64_t k, int elem) { return k > 0 && elem <= kBF16 && (k * (elem == kF32 ? 4 : 2)) % 16 == 0; }
 
-cudaError_t launch_gemv(cudaStream_t stream, int64_t n, int64_t k, void* y, int elem, const void* x, const void* w,
-                        Operand bias) {
-  if (!gemv_supports(k, elem)) return cudaErrorInvalidValue;
-  if (n <= 0) return cudaGetLastError();
-  // Enough warps to fill the GPU: short outputs split each row over up to 8 warps.
+namespace {
+
+template <int R>
+cudaError_t launch_gemv_kernel(cudaStream_t stream, int64_t k, int elem, const void* x, GemvBatch batch) {
+  const int64_t tasks = batch.first[batch.count];
+  if (tasks <= 0) return cudaGetLastError();
+  // Enough warps to fill the GPU: short outputs split each task over up to 8 warps.
   int parts = 1;
-  while (parts < kGemvMaxWarps && n * parts < 132 * 48 && k / (16 / (elem == kF32 ? 4 : 2)) >= 64 * parts * 2)
+  while (parts < kGemvMaxWarps && tasks * parts < 132 * 48 && k / (16 / (elem == kF32 ? 4 : 2)) >= 64 * parts * 2)
     parts *= 2;
-  const int rows_per_block = kGemvMaxWarps / parts;
-  const int64_t groups = (n + rows_per_block - 1) / rows_per_block;
+  const int tasks_per_block = kGemvMaxWarps / parts;
+  const auto blocks = static_cast<unsigned>((tasks + tasks_per_block - 1) / tasks_per_block);
   const unsigned threads = kGemvMaxWarps * 32;
-  const size_t shared = 0;
-  const unsigned blocks = static_cast<unsigned>(groups);
   switch (elem) {
     case kF32:
-      gemv_kernel<float><<<blocks, threads, shared, stream>>>(
-          n, k, parts, static_cast<float*>(y), static_cast<const float*>(x), static_cast<const float*>(w), bias);
+      gemv_batch_kernel<float, R><<<blocks, threads, 0, stream>>>(batch, k, parts, static_cast<const float*>(x));
       break;
     case kF16:
-      gemv_kernel<__half><<<blocks, threads, shared, stream>>>(
-          n, k, parts, static_cast<__half*>(y), static_cast<const __half*>(x), static_cast<const __half*>(w), bias);
+      gemv_batch_kernel<__half, R><<<blocks, threads, 0, stream>>>(batch, k, parts, static_cast<const __half*>(x));
       break;
     case kBF16:
-      gemv_kernel<__nv_bfloat16><<<blocks, threads, shared, stream>>>(n, k, parts, static_cast<__nv_bfloat16*>(y),
-                                                                      static_cast<const __nv_bfloat16*>(x),
-                                                                      static_cast<const __nv_bfloat16*>(w), bias);
+      gemv_batch_kernel<__nv_bfloat16, R>
+          <<<blocks, threads, 0, stream>>>(batch, k, parts, static_cast<const __nv_bfloat16*>(x));
       break;
     default:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_gemv_batch(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment* segments,
+                              int count) {
+  if (!gemv_supports(k, elem) || count < 1 || count > kGemvMaxSegments) return cudaErrorInvalidValue;
+  GemvBatch batch{};
+  batch.count = count;
+  for (int s = 0; s < count; ++s) {
+    batch.segments[s] = segments[s];
+    batch.first[s + 1] = batch.first[s] + segments[s].rows;
+  }
+  return launch_gemv_kernel<1>(stream, k, elem, x, batch);
+}
+
+cudaError_t launch_gemv_gated(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment& gate,
+                              const GemvSegment& up) {
+  if (!gemv_supports(k, elem) || gate.rows != up.rows) return cudaErrorInvalidValue;
+  GemvBatch batch{};
+  batch.count = 1;
+  batch.segments[0] = gate;
+  batch.segments[1] = up;
+  batch.first[1] = gate.rows;
+  return launch_gemv_kernel<2>(stream, k, elem, x, batch);
+}
+
+cudaError_t launch_gemv(cudaStream_t stream, int64_t n, int64_t k, void* y, int elem, const void* x, const void* w,
+                        Operand bias) {
+  GemvSegment segment;
+  segment.w = w;
+  segment.y = y;
+  segment.bias = bias;
+  segment.rows = n;
+  return launch_gemv_batch(stream, k, elem, x, &segment, 1);
 }
 
 int64_t attention_max_source() { return kAttentionSharedFloats - kAttentionWarps * kAttentionChunk; }

@@ -1,0 +1,50 @@
+"""ResNet-18/50 batch 1 fp16 on the GPU with PyTorch: eager, and torch.compile(mode="reduce-overhead") (CUDA
+graphs) when it compiles within the time limit. Random weights; median of CUDA-event timings.
+
+usage: python3 bench/peers/gpu_resnet.py [--no-compile]
+"""
+import sys
+import time
+
+import torch
+import torchvision
+
+
+def median_ms(fn, x, iters=200, warmup=20):
+    for _ in range(warmup):
+        fn(x)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    torch.manual_seed(0)
+    print(f"gpu_resnet on {torch.cuda.get_device_name()} torch {torch.__version__}")
+    for name in ("resnet18", "resnet50"):
+        model = getattr(torchvision.models, name)().eval().half().cuda()
+        x = torch.randn(1, 3, 224, 224, device="cuda", dtype=torch.float16)
+        with torch.inference_mode():
+            eager = median_ms(model, x)
+            print(f"PEER {name} fp16 batch 1 torch eager: {eager:.3f} ms")
+            if "--no-compile" in sys.argv:
+                continue
+            start = time.time()
+            compiled = torch.compile(model, mode="reduce-overhead")
+            for _ in range(3):
+                compiled(x)
+            torch.cuda.synchronize()
+            print(f"  compile took {time.time() - start:.0f} s")
+            print(f"PEER {name} fp16 batch 1 torch.compile reduce-overhead: {median_ms(compiled, x):.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+#pragma once
+// The ops the CUDA backend has a kernel for, as plain data: the coverage table (src/runtime/coverage.cpp) reads it
+// in every build, with or without the CUDA toolkit, so `npusim ops` and compiling for the cuda target give the
+// same answer everywhere. tests/gpu/test_cuda_backend.cpp checks it against the kernel table (cuda_ops.cpp).
+#include <array>
+#include <string_view>
+
+namespace npusim::cuda {
+
+inline constexpr std::array<std::string_view, 57> kKernelOpNames = {
+    "adaptive_avg_pool2d",
+    "add",
+    "add_relu",
+    "alias",
+    "attention",
+    "bitwise_and",
+    "bitwise_or",
+    "bitwise_xor",
+    "cat",
+    "clone",
+    "conv2d",
+    "div",
+    "dropout",
+    "embedding",
+    "eq",
+    "exp",
+    "expand",
+    "flatten",
+    "fused_conv2d",
+    "ge",
+    "gelu",
+    "gt",
+    "index",
+    "index_copy",
+    "le",
+    "linear",
+    "logical_and",
+    "logical_or",
+    "lt",
+    "max_pool2d",
+    "maximum",
+    "minimum",
+    "mul",
+    "narrow",
+    "ne",
+    "neg",
+    "permute",
+    "relu",
+    "reshape",
+    "rms_norm",
+    "rope",
+    "rotary_embedding",
+    "select",
+    "sigmoid",
+    "silu",
+    "silu_mul",
+    "slice",
+    "softmax",
+    "squeeze",
+    "sub",
+    "t",
+    "tanh",
+    "to",
+    "transpose",
+    "unflatten",
+    "unsqueeze",
+    "where",
+};
+
+}  // namespace npusim::cuda
