@@ -3,17 +3,20 @@
 //
 //   bench_llm write DIR [--config CONFIG_DIR]   random bf16 weights under the real tensor names (about 3.1 GB)
 //   bench_llm run DIR [--threads N] [--prompt P] [--generate G] [--ctx C] [--exported PREFILL DECODE]
+//                     [--quantize int8] [--quantize-group N] [--profile]
 //   bench_llm compare DIR --exported PREFILL DECODE [--threads N] [--prompt P] [--generate G]
 //                                               native builder and exported graphs, step by step
 //
 // Run each configuration as its own process: the peak resident memory is the process's.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -116,13 +119,61 @@ int write_model(const std::string& dir, const std::string& config_dir) {
   return 0;
 }
 
+// Bytes of linear weights one decode step reads (every linear layer and the LM head), as stored.
+double linear_weight_bytes(const ModelConfig& c, const SessionOptions& options, DType dtype) {
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  const std::vector<std::pair<int64_t, int64_t>> layer = {
+      {q, h}, {kv, h}, {kv, h}, {h, q}, {c.intermediate_size, h}, {c.intermediate_size, h}, {h, c.intermediate_size}};
+  double bytes = 0;
+  const auto add = [&](int64_t rows, int64_t cols, int64_t times) {
+    const bool int8 = options.quantize == WeightQuantization::Int8;
+    const int64_t group = options.quantization_group > 0 ? options.quantization_group : cols;
+    const double per_matrix = int8 ? static_cast<double>(rows * cols + rows * ((cols + group - 1) / group) * 4)
+                                   : static_cast<double>(rows * cols * static_cast<int64_t>(dtype_size(dtype)));
+    bytes += per_matrix * static_cast<double>(times);
+  };
+  for (const auto& [rows, cols] : layer) add(rows, cols, c.num_hidden_layers);
+  add(c.vocab_size, h, 1);
+  return bytes;
+}
+
+// Kernel time by op, largest first.
+void print_profile(const char* what, const std::vector<KernelTiming>& timings) {
+  std::map<std::string, std::pair<double, int>> by_op;
+  double total = 0;
+  for (const KernelTiming& t : timings) {
+    // Linear layers by role ("linear attn.q"), other kernels by op.
+    std::string key = t.op;
+    if (t.op == "linear") {
+      const size_t layer = t.node.rfind("layers.", 0) == 0 ? t.node.find('.', 7) : std::string::npos;
+      key += " " + (layer == std::string::npos ? t.node : t.node.substr(layer + 1));
+    }
+    by_op[key].first += t.milliseconds;
+    by_op[key].second += 1;
+    total += t.milliseconds;
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> rows(by_op.begin(), by_op.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::printf("%s: %.2f ms in %zu kernels\n", what, total, timings.size());
+  for (const auto& [op, time] : rows)
+    std::printf("  %-24s %5d calls %9.3f ms %5.1f%%\n", op.c_str(), time.second, time.first,
+                100.0 * time.first / std::max(total, 1e-9));
+}
+
 int run_model(const std::string& dir, int threads, int64_t prompt_length, int64_t generate, int64_t context,
-              const std::string& prefill_ir, const std::string& decode_ir) {
+              const std::string& prefill_ir, const std::string& decode_ir, WeightQuantization quantize,
+              int64_t group, bool profile) {
   const auto load_start = Clock::now();
   const ModelDir model = ModelDir::open(dir);
-  SessionOptions options{.context = context, .threads = threads, .prefill_ir = prefill_ir, .decode_ir = decode_ir};
+  SessionOptions options{.context = context,
+                         .threads = threads,
+                         .quantize = quantize,
+                         .quantization_group = group,
+                         .prefill_ir = prefill_ir,
+                         .decode_ir = decode_ir};
   Session session(model, options);
   session.prepare(prompt_length);
+  session.set_profiling(profile);
   const double load_seconds = seconds_since(load_start);
 
   const std::vector<int32_t> prompt = random_prompt(prompt_length, model.config().vocab_size);
@@ -131,6 +182,7 @@ int run_model(const std::string& dir, int threads, int64_t prompt_length, int64_
   std::vector<float> logits = session.feed(prompt);
   const double prefill_seconds = seconds_since(prefill_start);
   const double prefill_cpu = cpu_seconds() - cpu_start;
+  const std::vector<KernelTiming> prefill_timings = session.last_timings();
   const auto decode_start = Clock::now();
   for (int64_t i = 0; i < generate; ++i) {
     const int32_t token = argmax(logits);
@@ -159,6 +211,13 @@ int run_model(const std::string& dir, int threads, int64_t prompt_length, int64_
       "anonymous, %.0f MiB file-backed (the mapped weights)\n",
       prefill_cpu, prefill_cpu / static_cast<double>(prompt_length), decode_cpu,
       generate ? decode_cpu / static_cast<double>(generate) : 0.0, status_mb("RssAnon"), status_mb("RssFile"));
+  if (profile) {
+    print_profile("last prefill chunk", prefill_timings);
+    print_profile("last decode step", session.last_timings());
+  }
+  const double step_bytes = linear_weight_bytes(c, options, session.dtype());
+  std::printf("generation reads %.3f GB of linear weights per token: %.1f GB/s\n", step_bytes / 1e9,
+              step_bytes * static_cast<double>(generate) / decode_seconds / 1e9);
   return 0;
 }
 
@@ -197,13 +256,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: bench_llm write DIR [--config CONFIG_DIR]\n"
                  "       bench_llm run DIR [--threads N] [--prompt P] [--generate G] [--ctx C] "
-                 "[--exported PREFILL DECODE]\n"
+                 "[--exported PREFILL DECODE] [--quantize int8] [--quantize-group N] [--profile]\n"
                  "       bench_llm compare DIR --exported PREFILL DECODE [--threads N] [--prompt P] [--generate G]\n");
     return 2;
   }
   std::string config_dir = "tests/data/fixtures/qwen2.5-1.5b-instruct", prefill_ir, decode_ir;
   int threads = 1;
   int64_t prompt = 128, generate = 32, context = 0;  // 0: the session's default
+  WeightQuantization quantize = WeightQuantization::None;
+  int64_t group = 0;
+  bool profile = false;
   for (size_t i = 2; i < args.size(); ++i) {
     const auto next = [&]() -> std::string {
       if (i + 1 >= args.size()) throw std::runtime_error(args[i] + " needs a value");
@@ -219,6 +281,17 @@ int main(int argc, char** argv) {
       generate = std::stoll(next());
     else if (args[i] == "--ctx")
       context = std::stoll(next());
+    else if (args[i] == "--quantize") {
+      const std::string kind = next();
+      if (kind != "int8" && kind != "none") {
+        std::fprintf(stderr, "--quantize takes none or int8\n");
+        return 2;
+      }
+      quantize = kind == "int8" ? WeightQuantization::Int8 : WeightQuantization::None;
+    } else if (args[i] == "--profile")
+      profile = true;
+    else if (args[i] == "--quantize-group")
+      group = std::stoll(next());
     else if (args[i] == "--exported") {
       prefill_ir = next();
       decode_ir = next();
@@ -230,7 +303,7 @@ int main(int argc, char** argv) {
   try {
     if (args[0] == "write") return write_model(args[1], config_dir);
     if (args[0] == "compare") return compare_graphs(args[1], threads, prompt, generate, prefill_ir, decode_ir);
-    return run_model(args[1], threads, prompt, generate, context, prefill_ir, decode_ir);
+    return run_model(args[1], threads, prompt, generate, context, prefill_ir, decode_ir, quantize, group, profile);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "error: %s\n", error.what());
     return 1;

@@ -7,7 +7,6 @@
 #include <span>
 #include <thread>
 
-#include "backends/cpu/cpu_backend.h"
 #include "cli_args.h"
 #include "commands.h"
 #include "compiler/compile.h"
@@ -41,6 +40,8 @@ const std::vector<OptionSpec> kModelBenchOptions = {
     {"gen-tokens", true, "N: with --model, timed decode steps after the prompt (default 32)"},
     {"ctx", true, "N: with --model, KV cache positions (default min(4096, max_position_embeddings))"},
     {"prefill-chunk", true, "N: with --model, the largest native prefill step (default 128)"},
+    {"quantize", true, "none|int8: with --model, linear weights quantized to int8 at load (default none)"},
+    {"quantize-group", true, "N: with --model and --quantize int8, one scale per N input values (multiple of 8)"},
 };
 
 double elapsed_ms(Clock::time_point start) {
@@ -97,13 +98,13 @@ void print_efficiency(const Peak& peak, double gbps, double gflops) {
 }
 
 void reject_model_options(const Args& args) {
-  for (const char* name : {"prompt-tokens", "gen-tokens", "ctx", "prefill-chunk"})
+  for (const char* name : {"prompt-tokens", "gen-tokens", "ctx", "prefill-chunk", "quantize", "quantize-group"})
     if (args.flag(name)) fail(std::string("npusim bench: option '--") + name + "' needs --model");
 }
 
 void reject_graph_options(const Args& args) {
   for (const char* name :
-       {"weights", "config", "random-weights", "inputs", "input", "random-inputs", "target", "disable", "no-fallback"})
+       {"weights", "config", "random-weights", "inputs", "input", "random-inputs", "disable", "no-fallback"})
     if (args.flag(name)) fail(std::string("npusim bench: option '--") + name + "' applies to graphs, not to --model");
   if (!args.positionals().empty()) fail("npusim bench: --model takes no graph or program file");
 }
@@ -117,16 +118,10 @@ int bench_graph(const Args& args) {
   const std::string path = args.positionals()[0];
 
   const auto load_start = Clock::now();
-  Program program;
-  if (is_program_file(path)) {
-    program = read_program(path);
-  } else {
-    program = compiler::compile_graph(read_torch_ir(path), compile_options(args));
-  }
-  const auto weights = load_weights(program.graph, args);
+  const PreparedModel model = prepare_model(path, args, BackendOptions{.threads = threads});
+  const Program& program = model.program;
+  PreparedProgram* prepared = model.executor.get();
   std::map<std::string, Tensor> inputs = load_inputs(program.graph, args);
-  cpu::CpuBackend backend(cpu::CpuOptions{threads, false});
-  auto prepared = backend.prepare(program, weights);
   const double load_ms = elapsed_ms(load_start);
 
   for (int64_t i = 0; i < warmup; ++i) prepared->run(inputs);
@@ -167,20 +162,6 @@ int bench_graph(const Args& args) {
     std::printf("%s\n", json.dump().c_str());
   }
   return 0;
-}
-
-SessionOptions model_session_options(const Args& args, int threads) {
-  SessionOptions options;
-  options.threads = threads;
-  if (args.flag("ctx")) options.context = args.integer("ctx", 0, 1, int64_t{1} << 30);
-  options.prefill_chunk = args.integer("prefill-chunk", 128, 1, int64_t{1} << 20);
-  if (const auto dtype = args.value("dtype")) {
-    const auto parsed = parse_dtype(*dtype);
-    if (!parsed || !is_floating(*parsed) || *parsed == DType::Float64)
-      fail("npusim bench: --dtype must be float32, bfloat16 or float16, got '" + *dtype + "'");
-    options.dtype = *parsed;
-  }
-  return options;
 }
 
 std::vector<int32_t> random_prompt(int64_t length, int64_t vocab) {
@@ -236,7 +217,9 @@ int bench_model(const Args& args) {
 
   const auto load_start = Clock::now();
   const ModelDir model = ModelDir::open(dir);
-  Session session(model, model_session_options(args, threads));
+  SessionOptions options = session_options(args);
+  options.threads = threads;
+  Session session(model, options);
   if (prompt_tokens + gen_tokens > session.context())
     fail("npusim bench: --prompt-tokens + --gen-tokens (" + std::to_string(prompt_tokens + gen_tokens) +
          ") exceed the context of " + std::to_string(session.context()) + " positions (see --ctx)");

@@ -10,7 +10,8 @@ namespace npusim::cli {
 
 int bisect_command(const std::vector<std::string>& argv) {
   const Args args("bisect",
-                  join({kWeightOptions, kInputOptions,
+                  join({kWeightOptions,
+                        kInputOptions,
                         {{"dtype", true, "storage dtype: float32 (default), float16, bfloat16"},
                          {"min-pearson", true, "R: a step diverges below this Pearson r (default 0.9999)"},
                          {"help", false, "show this help"}}}),

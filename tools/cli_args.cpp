@@ -70,8 +70,8 @@ int64_t Args::integer(const std::string& name, int64_t fallback, int64_t min_val
 std::string Args::usage() const {
   std::string text;
   for (const OptionSpec& spec : specs_)
-    text += "  --" + spec.name + (spec.takes_value ? " VALUE" : "") + std::string(spec.name.size() < 18 ? 18 - spec.name.size() : 1, ' ') +
-            spec.help + "\n";
+    text += "  --" + spec.name + (spec.takes_value ? " VALUE" : "") +
+            std::string(spec.name.size() < 18 ? 18 - spec.name.size() : 1, ' ') + spec.help + "\n";
   return text;
 }
 

@@ -35,7 +35,12 @@ const std::vector<OptionSpec> kModelOptions = {
     {"ctx", true, "N: context positions of the KV cache (default min(4096, max_position_embeddings))"},
     {"dtype", true, "float32|bfloat16|float16: storage of weights, activations and cache (default: the checkpoint's)"},
     {"threads", true, "N: CPU threads counting the caller (default: one per hardware thread)"},
+    {"quantize", true, "none|int8: linear weights quantized to int8 at load, with fp32 scales (default none)"},
+    {"quantize-group", true,
+     "N: with --quantize int8, one scale per N input values, a multiple of 8 (default: "
+     "one per output channel)"},
     {"prefill-chunk", true, "N: the largest prefill step of the native graph (default 128)"},
+    {"target", true, "NAME|FILE.json: the target whose backend runs the model: cpu (default) or cuda"},
     {"prefill-ir", true, "FILE: exported torch_ir prefill graph (with --decode-ir) instead of the native builder"},
     {"decode-ir", true, "FILE: exported torch_ir decode graph with a static KV cache"},
 };
@@ -114,24 +119,6 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   flush();
   if (ids.empty()) fail("--prompt-ids: no token ids given");
   return ids;
-}
-
-SessionOptions session_options(const Args& args) {
-  SessionOptions options;
-  options.context = args.integer("ctx", 0, 1, int64_t{1} << 30);
-  options.prefill_chunk = args.integer("prefill-chunk", 128, 1, int64_t{1} << 20);
-  options.threads = static_cast<int>(args.integer("threads", 0, 1, 4096));
-  if (const auto dtype = args.value("dtype")) {
-    const auto parsed = parse_dtype(*dtype);
-    if (!parsed || !is_floating(*parsed) || *parsed == DType::Float64)
-      fail("--dtype must be float32, bfloat16 or float16, got '" + *dtype + "'");
-    options.dtype = *parsed;
-  }
-  options.prefill_ir = args.value("prefill-ir").value_or("");
-  options.decode_ir = args.value("decode-ir").value_or("");
-  if (!options.prefill_ir.empty() && options.decode_ir.empty())
-    fail("--prefill-ir needs --decode-ir (the decode step that uses the KV cache)");
-  return options;
 }
 
 // Defaults from generation_config.json, then the command line. Sampling options given without a temperature

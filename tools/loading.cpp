@@ -4,7 +4,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include "compiler/compile.h"
+#include "ir/torch_ir_reader.h"
 #include "llm/model_config.h"
+#include "program/program.h"
 #include "runtime/npy.h"
 #include "runtime/random_fill.h"
 #include "runtime/safetensors.h"
@@ -46,8 +49,10 @@ std::vector<std::pair<ValueId, Tensor>> load_weights(const Graph& graph, const A
     for (ValueId id : graph.weights) {
       const Value& value = graph.value(id);
       if (value.transform) continue;
-      if (graph.constants.count(value.weight_key)) weights.emplace_back(id, graph.constants.at(value.weight_key));
-      else weights.emplace_back(id, random_weight(value, seed));
+      if (graph.constants.count(value.weight_key))
+        weights.emplace_back(id, graph.constants.at(value.weight_key));
+      else
+        weights.emplace_back(id, random_weight(value, seed));
     }
     add_derived_weights(graph, weights);
     return weights;
@@ -103,6 +108,72 @@ compiler::CompileOptions compile_options(const Args& args) {
 
 bool is_program_file(const std::string& path) {
   return path.size() >= 7 && path.compare(path.size() - 7, 7, ".npubin") == 0;
+}
+
+PreparedModel prepare_model(const std::string& path, const Args& args, const BackendOptions& backend) {
+  PreparedModel model;
+  std::optional<compiler::PartitionPlan> plan;
+  if (is_program_file(path)) {
+    model.program = read_program(path);
+    // A program compiled for a target file names the target; the file itself is given again with --target.
+    const auto builtin = compiler::builtin_target_names();
+    const std::string& target = model.program.target;
+    if (!args.value("target") && std::find(builtin.begin(), builtin.end(), target) == builtin.end())
+      fail(path + ": compiled for target '" + target + "'; give its target file with --target");
+    model.target = compiler::load_target(args.value("target").value_or(target));
+    if (model.target.name != target)
+      fail(path + ": compiled for target '" + target + "', not '" + model.target.name + "'");
+  } else {
+    const Graph graph = read_torch_ir(path);
+    check_supported(graph);
+    const compiler::CompileOptions options = compile_options(args);
+    compiler::CompileReport report;
+    model.program = compiler::compile_graph(graph, options, &report);
+    model.target = compiler::load_target(options.target);
+    plan = std::move(report.partitions);
+  }
+  if (!plan) plan = compiler::partition_graph(model.program.graph, model.target, model.program.compute_dtype);
+  const auto weights = load_weights(model.program.graph, args);
+  model.partitions = plan->partitions.size();
+  model.fallback_nodes = plan->fallback_nodes();
+  model.executor = std::make_unique<DagExecutor>(model.program, std::move(*plan), weights, partition_backends(backend));
+  model.label =
+      model.target.name + " on " + model.target.backend + ", " + std::string(dtype_name(model.program.compute_dtype));
+  if (model.partitions > 1)
+    model.label += ", " + std::to_string(model.partitions) + " partitions, " + std::to_string(model.fallback_nodes) +
+                   " of " + std::to_string(model.program.graph.nodes.size()) + " nodes on the fallback " +
+                   model.target.fallback;
+  return model;
+}
+
+SessionOptions session_options(const Args& args) {
+  SessionOptions options;
+  if (const auto target = args.value("target")) options.backend = compiler::load_target(*target).backend;
+  options.context = args.integer("ctx", 0, 1, int64_t{1} << 30);
+  options.prefill_chunk = args.integer("prefill-chunk", 128, 1, int64_t{1} << 20);
+  options.threads = static_cast<int>(args.integer("threads", 0, 0, 4096));
+  if (const auto dtype = args.value("dtype")) {
+    const auto parsed = parse_dtype(*dtype);
+    if (!parsed || !is_floating(*parsed) || *parsed == DType::Float64)
+      fail("--dtype must be float32, bfloat16 or float16, got '" + *dtype + "'");
+    options.dtype = *parsed;
+  }
+  if (const auto quantize = args.value("quantize")) {
+    if (*quantize == "int8")
+      options.quantize = WeightQuantization::Int8;
+    else if (*quantize != "none")
+      fail("--quantize must be none or int8, got '" + *quantize + "'");
+  }
+  options.quantization_group = args.integer("quantize-group", 0, 0, int64_t{1} << 30);
+  if (options.quantization_group % 8 != 0)
+    fail("--quantize-group must be a multiple of 8, got " + std::to_string(options.quantization_group));
+  if (options.quantization_group > 0 && options.quantize != WeightQuantization::Int8)
+    fail("--quantize-group needs --quantize int8");
+  options.prefill_ir = args.value("prefill-ir").value_or("");
+  options.decode_ir = args.value("decode-ir").value_or("");
+  if (!options.prefill_ir.empty() && options.decode_ir.empty())
+    fail("--prefill-ir needs --decode-ir (the decode step that uses the KV cache)");
+  return options;
 }
 
 }  // namespace npusim::cli

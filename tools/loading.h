@@ -1,13 +1,16 @@
 #pragma once
 // What several commands share: weights and inputs from the command line, compile options.
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "cli_args.h"
 #include "compiler/compile.h"
+#include "llm/session.h"
 #include "npusim/graph.h"
+#include "runtime/dag_executor.h"
 
 namespace npusim::cli {
 
@@ -25,5 +28,21 @@ std::map<std::string, Tensor> load_inputs(const Graph& graph, const Args& args);
 compiler::CompileOptions compile_options(const Args& args);
 
 bool is_program_file(const std::string& path);
+
+// A graph compiled for --target (or a program read back and checked against its target), partitioned, with its
+// weights bound and every partition prepared on its backend: what `run` and `bench` execute.
+struct PreparedModel {
+  Program program;
+  compiler::Target target;
+  std::unique_ptr<DagExecutor> executor;
+  size_t partitions = 0;
+  size_t fallback_nodes = 0;
+  std::string label;  // "TARGET on BACKEND, DTYPE" and the partitions, for reports
+};
+PreparedModel prepare_model(const std::string& path, const Args& args, const BackendOptions& backend);
+
+// The LLM session's options from --target, --ctx, --dtype, --threads, --quantize, --quantize-group,
+// --prefill-chunk, --prefill-ir and --decode-ir (those the command declares).
+SessionOptions session_options(const Args& args);
 
 }  // namespace npusim::cli

@@ -25,6 +25,7 @@ const std::vector<OptionSpec> kRunOnlyOptions = {
     {"outputs", true, "write the graph outputs to this .safetensors file"},
     {"top", true, "K: print the top-K classes of the last row of the first output"},
     {"iters", true, "N: run N times and report min and median latency (default 1)"},
+    {"threads", true, "N: CPU threads, counting the caller (default: one per hardware thread)"},
     {"profile", false, "print per kernel, partition and transfer: calls, time, share, bytes moved, GB/s (last run)"},
     {"trace", true, "FILE.json: write a Chrome/Perfetto trace of the last run (ui.perfetto.dev, chrome://tracing)"},
     {"help", false, "show this help"},
@@ -52,6 +53,7 @@ int run_command(const std::vector<std::string>& argv) {
   if (args.positionals().size() != 1) fail("npusim run: expected one graph or program file (see npusim run --help)");
   const int64_t iters = args.integer("iters", 1, 1, 1000000);
   const int top = static_cast<int>(args.integer("top", 0, 0, 1000000));
+  const int threads = static_cast<int>(args.integer("threads", 0, 0, 1024));
   const std::string path = args.positionals()[0];
 
   std::vector<double> latencies;
@@ -77,38 +79,12 @@ int run_command(const std::vector<std::string>& argv) {
     timed([&] { return executor.run(inputs); });
     path_label = "reference path";
   } else {
-    Program program;
-    compiler::Target target;
-    std::optional<compiler::PartitionPlan> plan;
-    if (is_program_file(path)) {
-      program = read_program(path);
-      // A program compiled for a target file names the target; the file itself is given again with --target.
-      const auto builtin = compiler::builtin_target_names();
-      if (!args.value("target") && std::find(builtin.begin(), builtin.end(), program.target) == builtin.end())
-        fail(path + ": compiled for target '" + program.target + "'; give its target file with --target");
-      target = compiler::load_target(args.value("target").value_or(program.target));
-      if (target.name != program.target)
-        fail(path + ": compiled for target '" + program.target + "', not '" + target.name + "'");
-    } else {
-      const Graph graph = read_torch_ir(path);
-      check_supported(graph);
-      const compiler::CompileOptions options = compile_options(args);
-      compiler::CompileReport report;
-      program = compiler::compile_graph(graph, options, &report);
-      target = compiler::load_target(options.target);
-      plan = std::move(report.partitions);
-    }
-    if (!plan) plan = compiler::partition_graph(program.graph, target, program.compute_dtype);
-    const auto weights = load_weights(program.graph, args);
-    const auto inputs = load_inputs(program.graph, args);
-    const size_t partitions = plan->partitions.size(), fallback_nodes = plan->fallback_nodes();
-    DagExecutor prepared(program, std::move(*plan), weights);
+    const PreparedModel model = prepare_model(path, args, BackendOptions{.threads = threads});
+    DagExecutor& prepared = *model.executor;
+    const auto inputs = load_inputs(model.program.graph, args);
     prepared.set_profiling(args.flag("profile") || args.value("trace"));
     timed([&] { return prepared.run(inputs); });
-    path_label = target.name + " on " + target.backend + ", " + std::string(dtype_name(program.compute_dtype));
-    if (partitions > 1)
-      path_label += ", " + std::to_string(partitions) + " partitions, " + std::to_string(fallback_nodes) + " of " +
-                    std::to_string(program.graph.nodes.size()) + " nodes on the fallback " + target.fallback;
+    path_label = model.label;
     char line[160];
     std::snprintf(line, sizeof line, "memory: planned %.2f MB, allocated %.2f MB\n", prepared.planned_bytes() / 1e6,
                   prepared.allocated_bytes() / 1e6);

@@ -5,7 +5,6 @@
 #include <limits>
 #include <map>
 
-#include "backends/cpu/cpu_backend.h"
 #include "compiler/compile.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/native_builder.h"
@@ -68,8 +67,18 @@ class SharedWeights {
   std::map<const std::byte*, Tensor> converted_;
 };
 
-std::unique_ptr<Backend> make_session_backend(int threads) {
-  return std::make_unique<cpu::CpuBackend>(cpu::CpuOptions{.threads = threads});
+std::unique_ptr<Backend> make_session_backend(const SessionOptions& options) {
+  return make_backend(options.backend, BackendOptions{.threads = options.threads,
+                                                      .weights = options.quantize,
+                                                      .quantization_group = options.quantization_group});
+}
+
+// ", int8 weights" and the like, for describe().
+std::string quantization_note(const SessionOptions& options) {
+  if (options.quantize != WeightQuantization::Int8) return "";
+  return options.quantization_group > 0
+             ? ", int8 linear weights in groups of " + std::to_string(options.quantization_group)
+             : ", int8 linear weights";
 }
 
 }  // namespace
@@ -86,6 +95,26 @@ class Session::Engine {
   virtual int64_t vocab() const = 0;
   virtual DType dtype() const = 0;
   virtual std::string describe() const = 0;
+  void set_profiling(bool on) {
+    profiling_ = on;
+    for (PreparedProgram* program : programs()) program->set_profiling(on);
+  }
+  std::vector<KernelTiming> last_timings() const {
+    return last_run_ ? last_run_->last_timings() : std::vector<KernelTiming>{};
+  }
+
+ protected:
+  virtual std::vector<PreparedProgram*> programs() const = 0;
+  // Runs a program, with the profiling asked for, and remembers it for last_timings().
+  NamedTensors run_program(PreparedProgram& program, const std::map<std::string, Tensor>& inputs) {
+    program.set_profiling(profiling_);
+    last_run_ = &program;
+    return program.run(inputs);
+  }
+
+ private:
+  bool profiling_ = false;
+  const PreparedProgram* last_run_ = nullptr;
 };
 
 namespace {
@@ -98,8 +127,9 @@ class NativeEngine final : public Session::Engine {
       : config_(model.config()),
         dtype_(dtype),
         chunk_(options.prefill_chunk),
-        backend_(make_session_backend(options.threads)),
-        weights_(model.weights(), dtype) {
+        backend_(make_session_backend(options)),
+        weights_(model.weights(), dtype),
+        note_(quantization_note(options)) {
     check_native_support(config_);
     const int64_t limit = config_.max_position_embeddings;
     if (options.context > 0 && limit > 0 && options.context > limit)
@@ -130,13 +160,18 @@ class NativeEngine final : public Session::Engine {
   }
 
   Tensor cache(int64_t index) const override { return programs_.at(1)->read_state("kv_" + std::to_string(index)); }
+  std::vector<PreparedProgram*> programs() const override {
+    std::vector<PreparedProgram*> all;
+    for (const auto& [tokens, program] : programs_) all.push_back(program.get());
+    return all;
+  }
   int64_t cache_count() const override { return 2 * config_.num_hidden_layers; }
   int64_t context() const override { return context_; }
   int64_t vocab() const override { return config_.vocab_size; }
   DType dtype() const override { return dtype_; }
   std::string describe() const override {
     return "native " + config_.model_type + " graph, " + std::string(dtype_name(dtype_)) + ", context " +
-           std::to_string(context_) + ", prefill chunks up to " + std::to_string(chunk_) + " tokens";
+           std::to_string(context_) + ", prefill chunks up to " + std::to_string(chunk_) + " tokens" + note_;
   }
 
  private:
@@ -168,7 +203,7 @@ class NativeEngine final : public Session::Engine {
     inputs["position_ids"] = int64_tensor({1, count}, consecutive(start, count));
     inputs["cache_position"] = int64_tensor({count}, consecutive(start, count));
     if (count > 1) inputs["attention_mask"] = causal_chunk_mask(start, count, context_);
-    const NamedTensors outputs = program(count).run(inputs);
+    const NamedTensors outputs = run_program(program(count), inputs);
     return logits_row(outputs.at(0).second, 0);
   }
 
@@ -178,6 +213,7 @@ class NativeEngine final : public Session::Engine {
   int64_t chunk_ = 0;
   std::unique_ptr<Backend> backend_;
   SharedWeights weights_;
+  std::string note_;
   std::map<int64_t, std::unique_ptr<PreparedProgram>> programs_;  // by tokens per step
 };
 
@@ -206,7 +242,10 @@ void check_step_inputs(const Graph& graph, const std::string& file, size_t cache
 class ExportedEngine final : public Session::Engine {
  public:
   ExportedEngine(const ModelDir& model, const SessionOptions& options, DType dtype)
-      : dtype_(dtype), backend_(make_session_backend(options.threads)), weights_(model.weights(), dtype) {
+      : dtype_(dtype),
+        backend_(make_session_backend(options)),
+        weights_(model.weights(), dtype),
+        note_(quantization_note(options)) {
     if (options.decode_ir.empty()) fail("--prefill-ir needs --decode-ir (the decode step that uses the cache)");
     prepare_decode(options.decode_ir);
     if (options.context > context_)
@@ -230,6 +269,11 @@ class ExportedEngine final : public Session::Engine {
   Tensor cache(int64_t index) const override {
     return decode_->read_state(cache_pairs_.at(static_cast<size_t>(index)).first);
   }
+  std::vector<PreparedProgram*> programs() const override {
+    std::vector<PreparedProgram*> all{decode_.get()};
+    if (prefill_) all.push_back(prefill_.get());
+    return all;
+  }
   int64_t cache_count() const override { return static_cast<int64_t>(cache_pairs_.size()); }
   int64_t context() const override { return context_; }
   int64_t vocab() const override { return vocab_; }
@@ -237,7 +281,7 @@ class ExportedEngine final : public Session::Engine {
   std::string describe() const override {
     return "exported graphs (" + (prefill_ ? "prefill of " + std::to_string(prefill_length_) + " tokens, " : "") +
            "decode against a cache of " + std::to_string(cache_shape_[2]) + "), " + std::string(dtype_name(dtype_)) +
-           ", context " + std::to_string(context_);
+           ", context " + std::to_string(context_) + note_;
   }
 
  private:
@@ -311,10 +355,11 @@ class ExportedEngine final : public Session::Engine {
       mask[static_cast<size_t>(i)] = 1;
     }
     const std::vector<int64_t> positions = consecutive(0, prefill_length_);
-    const NamedTensors outputs = prefill_->run({{"input_ids", int64_tensor({1, prefill_length_}, ids)},
-                                                {"attention_mask", int64_tensor({1, prefill_length_}, mask)},
-                                                {"position_ids", int64_tensor({1, prefill_length_}, positions)},
-                                                {"cache_position", int64_tensor({prefill_length_}, positions)}});
+    const NamedTensors outputs =
+        run_program(*prefill_, {{"input_ids", int64_tensor({1, prefill_length_}, ids)},
+                                {"attention_mask", int64_tensor({1, prefill_length_}, mask)},
+                                {"position_ids", int64_tensor({1, prefill_length_}, positions)},
+                                {"cache_position", int64_tensor({prefill_length_}, positions)}});
     for (size_t i = 0; i < cache_pairs_.size(); ++i)
       decode_->write_state(cache_pairs_[i].first, rows_into_cache(outputs.at(1 + i).second, count));
     return logits_row(outputs.at(0).second, count - 1);
@@ -340,13 +385,14 @@ class ExportedEngine final : public Session::Engine {
                                                {"attention_mask", mask},
                                                {"position_ids", int64_tensor({1, 1}, {position})},
                                                {"cache_position", int64_tensor({1}, {position})}};
-    const NamedTensors outputs = decode_->run(inputs);
+    const NamedTensors outputs = run_program(*decode_, inputs);
     return logits_row(outputs.at(0).second, 0);
   }
 
   DType dtype_;
   std::unique_ptr<Backend> backend_;
   SharedWeights weights_;
+  std::string note_;
   std::unique_ptr<PreparedProgram> decode_, prefill_;
   std::vector<std::pair<std::string, std::string>> cache_pairs_;  // decode input -> output
   Shape cache_shape_;
@@ -362,6 +408,9 @@ Session::Session(const ModelDir& model, const SessionOptions& options) {
   if (dtype != DType::Float32 && dtype != DType::BFloat16 && dtype != DType::Float16)
     fail("the session dtype must be float32, bfloat16 or float16, got " + std::string(dtype_name(dtype)));
   if (options.context < 0) fail("the context must be positive, got " + std::to_string(options.context));
+  if (options.quantization_group < 0 || options.quantization_group % 8 != 0)
+    fail("the int8 quantization group must be a multiple of 8 (0: one scale per output channel), got " +
+         std::to_string(options.quantization_group));
   if (!options.prefill_ir.empty() || !options.decode_ir.empty())
     engine_ = std::make_unique<ExportedEngine>(model, options, dtype);
   else
@@ -381,6 +430,8 @@ Tensor Session::cache(int64_t index) const {
   return engine_->cache(index);
 }
 int64_t Session::cache_count() const { return engine_->cache_count(); }
+void Session::set_profiling(bool on) { engine_->set_profiling(on); }
+std::vector<KernelTiming> Session::last_timings() const { return engine_->last_timings(); }
 
 std::vector<float> Session::feed(std::span<const int32_t> tokens) {
   if (tokens.empty()) fail("nothing to feed: no tokens");

@@ -19,6 +19,7 @@
 
 #include "llm/model_dir.h"
 #include "npusim/tensor.h"
+#include "runtime/backend.h"
 
 namespace npusim {
 
@@ -26,8 +27,13 @@ struct SessionOptions {
   int64_t context = 0;          // cache positions; 0: min(4096, max_position_embeddings), or the exported cache
   int64_t prefill_chunk = 128;  // native: the largest prefill step
   std::optional<DType> dtype;   // storage of activations, weights and cache; default: the checkpoint's float dtype
+  std::string backend = "cpu";  // the backend both programs and the cache live on (see make_backend)
   int threads = 0;              // CPU threads counting the caller; 0: one per hardware thread
-  std::string prefill_ir;       // exported graphs instead of the native builder
+  // Linear weights quantized to int8 once at load (per output channel, or per group of `quantization_group`
+  // input values, a multiple of 8); activations, cache and the other weights stay in `dtype`.
+  WeightQuantization quantize = WeightQuantization::None;
+  int64_t quantization_group = 0;
+  std::string prefill_ir;  // exported graphs instead of the native builder
   std::string decode_ir;
 };
 
@@ -53,6 +59,11 @@ class Session {
   void prepare(int64_t tokens);
   // Keeps only the first `position` tokens of the context (later ones are overwritten as new tokens come).
   void rewind(int64_t position);
+
+  // Times every kernel of the following feeds; last_timings() is the last program run (the last chunk of a
+  // prefill, or a decode step).
+  void set_profiling(bool on);
+  std::vector<KernelTiming> last_timings() const;
 
   // A copy of cache `index` (kv_index: even = keys, odd = values of layer index / 2), [1, Hkv, context, D].
   Tensor cache(int64_t index) const;

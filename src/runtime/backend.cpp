@@ -18,11 +18,16 @@ bool BackendCapabilities::supports(const std::string& op) const {
   return has_kernel(op) || (reference_fallback && OpRegistry::instance().find(op) != nullptr);
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
-  if (name == "cpu") return std::make_unique<cpu::CpuBackend>();
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {
+  if (name == "cpu")
+    return std::make_unique<cpu::CpuBackend>(cpu::CpuOptions{
+        .threads = options.threads, .weights = options.weights, .quantization_group = options.quantization_group});
 #ifdef NPUSIM_HAVE_CUDA_BACKEND
   // The device is opened when a program is prepared, so capabilities are known on machines without a GPU.
-  if (name == "cuda") return std::make_unique<cuda::CudaBackend>();
+  if (name == "cuda") {
+    if (options.weights != WeightQuantization::None) fail("cuda backend: int8 weight quantization is not supported");
+    return std::make_unique<cuda::CudaBackend>();
+  }
   fail("unknown backend '" + name + "' (backends built in: cpu, cuda)");
 #else
   if (name == "cuda") fail("backend 'cuda' is not built in (build with the CUDA toolkit, nvcc included)");

@@ -2,6 +2,7 @@
 // The one small interface every backend implements. Everything expensive (kernel selection, parameter packing,
 // allocation, weight conversion and upload) happens in `prepare`; `run` binds inputs, executes, and returns
 // outputs without allocating on the hot path beyond the returned tensors.
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -83,7 +84,18 @@ class Backend {
   }
 };
 
-// "cpu" (the default). Fails naming the backend when it is unknown or not built in.
-std::unique_ptr<Backend> make_backend(const std::string& name);
+// How linear layers keep their weights: as stored, or quantized once at prepare time to symmetric int8 with fp32
+// scales (per output channel, or per group of `quantization_group` input values when that is a multiple of 8).
+enum class WeightQuantization : uint8_t { None, Int8 };
+
+// What every backend is made with.
+struct BackendOptions {
+  int threads = 0;  // CPU threads counting the caller (the CPU backend, and host work of others); 0: all
+  WeightQuantization weights = WeightQuantization::None;
+  int64_t quantization_group = 0;  // 0: one scale per output channel
+};
+
+// "cpu" (the default) or "cuda". Fails naming the backend when it is unknown or not built in.
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options = {});
 
 }  // namespace npusim

@@ -163,9 +163,13 @@ Tensor transfer_copy(const Tensor& tensor, DType stored) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_partition_backend(const std::string& name) {
+std::unique_ptr<Backend> make_partition_backend(const std::string& name, const BackendOptions& options) {
   if (name == "reference") return std::make_unique<ReferenceBackend>();
-  return make_backend(name);
+  return make_backend(name, options);
+}
+
+BackendMaker partition_backends(const BackendOptions& options) {
+  return [options](const std::string& name) { return make_partition_backend(name, options); };
 }
 
 PartitionProgram partition_program(const Program& program, const compiler::PartitionPlan& plan, size_t partition) {

@@ -20,7 +20,9 @@ using BackendMaker = std::function<std::unique_ptr<Backend>(const std::string& n
 
 // A backend by name: "reference" runs the registry's reference implementations (fp32); others come from
 // make_backend.
-std::unique_ptr<Backend> make_partition_backend(const std::string& name);
+std::unique_ptr<Backend> make_partition_backend(const std::string& name, const BackendOptions& options = {});
+// make_partition_backend with these options, as a BackendMaker.
+BackendMaker partition_backends(const BackendOptions& options = {});
 
 // The program of one partition. `values` maps its ValueIds to those of the whole program's graph.
 struct PartitionProgram {
@@ -35,7 +37,7 @@ class DagExecutor final : public PreparedProgram {
   // prepares the whole program as it is.
   DagExecutor(const Program& program, compiler::PartitionPlan plan,
               const std::vector<std::pair<ValueId, Tensor>>& weights,
-              const BackendMaker& make_backend = make_partition_backend);
+              const BackendMaker& make_backend = partition_backends());
   ~DagExecutor() override;
 
   NamedTensors run(const std::map<std::string, Tensor>& inputs) override;

@@ -212,7 +212,8 @@ CpuFeatures detect_cpu_features() {
   __builtin_cpu_init();
   features.avx2 = __builtin_cpu_supports("avx2");
   features.fma = __builtin_cpu_supports("fma");
-  features.f16c = __builtin_cpu_supports("f16c");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // f16c by cpuid: clang 14's __builtin_cpu_supports lacks it
+  features.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
   features.avx512f = __builtin_cpu_supports("avx512f");
   features.amx = amx_usable();
 #endif

@@ -10,9 +10,7 @@
 
 namespace npusim::cpu {
 
-// How linear layers keep their weights: as stored, or quantized once at prepare time to symmetric int8 with fp32
-// scales (per output channel, or per group of `quantization_group` input values when that is a multiple of 8).
-enum class WeightQuantization : uint8_t { None, Int8 };
+using npusim::WeightQuantization;
 
 struct CpuOptions {
   int threads = 0;  // counting the calling thread; 0: one per hardware thread

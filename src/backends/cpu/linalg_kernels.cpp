@@ -1,10 +1,13 @@
-// Matrix products on the shared fp32 GEMM: linear, matmul, mm, bmm, addmm, baddbmm. fp32 buffers are used in
-// place; fp16/bf16 operands are converted to fp32 in scratch reserved at prepare time (linear's weight one panel
-// of output columns at a time, per thread, so that a large weight never exists in fp32 whole).
+// Matrix products: linear on the GEMV (few rows) or the packed GEMM; matmul, mm, bmm, addmm, baddbmm on the shared
+// fp32 GEMM, with fp16/bf16 operands converted to fp32 in scratch reserved at prepare time.
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 
+#include "backends/cpu/gemv.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/packed_gemm.h"
 #include "backends/cpu/strided_loop.h"
 #include "ops/gemm.h"
 #include "ops/op_util.h"
@@ -24,107 +27,190 @@ bool float_node(const KernelContext& ctx) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// linear: out[M, N] = x[M, K] · W[N, K]^T + b
+// linear: out[M, N] = x[M, K] · W[N, K]^T + b. A few rows (decoding) go to the GEMV, which streams the weight in its
+// storage form; more rows go to the packed GEMM, which packs weight panels during the product. An int8 weight is
+// quantized once when the kernel is built and shared by every program that binds the same weight.
 
-struct LinearPlan {
+struct LinearShape {
   int64_t m = 0, n = 0, k = 0;
   Buffer x, weight, out;
   std::optional<Buffer> bias;  // [N] or one value
-  int64_t panel = 0;           // output columns per converted weight panel (fp16/bf16 weights)
 };
 
-// Writes bias[j] (or its single value) into every row of the fp32 matrix c.
-void fill_bias(const Buffer& bias, int64_t rows, int64_t cols, int64_t first_col, float* c, int64_t ldc) {
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = c + i * ldc;
-    if (bias.numel() == 1) {
-      std::fill(row, row + cols, load_float(bias.data, bias.elem, 0));
-    } else if (bias.elem == Elem::F32) {
-      std::copy(bias.as<const float>() + first_col, bias.as<const float>() + first_col + cols, row);
-    } else {
-      to_float(bias.data + static_cast<size_t>(first_col) * elem_size(bias.elem), bias.elem, row, cols);
-    }
+GemvWeightType gemv_type(Elem elem) {
+  switch (elem) {
+    case Elem::F16:
+      return GemvWeightType::F16;
+    case Elem::BF16:
+      return GemvWeightType::BF16;
+    default:
+      return GemvWeightType::F32;
   }
 }
 
-void linear_f32(const LinearPlan& p) {
-  float* c = p.out.as<float>();
-  if (p.bias) fill_bias(*p.bias, p.m, p.n, 0, c, p.n);
-  ops::gemm_f32({.m = p.m,
-                 .n = p.n,
-                 .k = p.k,
-                 .a = p.x.as<const float>(),
-                 .lda = p.k,
-                 .b = p.weight.as<const float>(),
-                 .ldb = p.k,
-                 .b_transposed = true,
-                 .c = c,
-                 .ldc = p.n,
-                 .beta = p.bias ? 1.0f : 0.0f});
+// Quantized weights by source address and layout; entries expire with the last kernel that uses them.
+struct QuantizedKey {
+  const std::byte* data;
+  Elem elem;
+  int64_t n, k, group;
+  auto operator<=>(const QuantizedKey&) const = default;
+};
+
+std::shared_ptr<const QuantizedWeight> shared_quantized(const LinearShape& s, int64_t group, ThreadPool& pool) {
+  static std::mutex mutex;
+  static std::map<QuantizedKey, std::weak_ptr<const QuantizedWeight>> cache;
+  const QuantizedKey key{s.weight.data, s.weight.elem, s.n, s.k, group};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::shared_ptr<const QuantizedWeight> found = cache[key].lock()) return found;
+  std::erase_if(cache, [](const auto& entry) { return entry.second.expired(); });
+  auto quantized =
+      std::make_shared<const QuantizedWeight>(quantize_int8(s.weight.data, s.weight.elem, s.n, s.k, group, &pool));
+  cache[key] = quantized;
+  return quantized;
 }
 
-// Each thread converts a panel of weight rows (output columns) to fp32 and multiplies the fp32 input by it.
-void linear_panels(const LinearPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
-  const float* x = float_data(p.x.data, p.x.elem, p.m * p.k, scratch.shared_as<float>());
-  const int64_t panels = (p.n + p.panel - 1) / p.panel;
-  pool.parallel_for(panels, 1, [&](int64_t begin, int64_t end, int worker) {
-    float* weights = scratch.worker_as<float>(worker);
-    float* c = weights + p.panel * p.k;
-    for (int64_t panel = begin; panel < end; ++panel) {
-      const int64_t first = panel * p.panel, cols = std::min(p.panel, p.n - first);
-      const float* w = float_data(p.weight.data + static_cast<size_t>(first * p.k) * elem_size(p.weight.elem),
-                                  p.weight.elem, cols * p.k, weights);
-      if (p.bias) fill_bias(*p.bias, p.m, cols, first, c, cols);
-      ops::gemm_f32({.m = p.m,
-                     .n = cols,
-                     .k = p.k,
-                     .a = x,
-                     .lda = p.k,
-                     .b = w,
-                     .ldb = p.k,
-                     .b_transposed = true,
-                     .c = c,
-                     .ldc = cols,
-                     .beta = p.bias ? 1.0f : 0.0f,
-                     .max_threads = 1});
-      for (int64_t i = 0; i < p.m; ++i)
-        from_float(c + i * cols, p.out.data + static_cast<size_t>(i * p.n + first) * elem_size(p.out.elem), p.out.elem,
-                   cols);
-    }
-  });
+// fp32 rows of x: the buffer itself, or converted into `scratch`.
+const float* x_floats(const LinearShape& s, float* scratch) {
+  return float_data(s.x.data, s.x.elem, s.m * s.k, scratch);
+}
+
+Kernel gemv_linear(const KernelContext& ctx, const LinearShape& s, std::shared_ptr<const QuantizedWeight> quantized) {
+  const GemvWeight weight =
+      quantized ? quantized->view()
+                : GemvWeight{.type = gemv_type(s.weight.elem), .values = s.weight.data, .n = s.n, .k = s.k};
+  GemvProblem problem{.m = s.m, .ldx = s.k, .weight = weight, .y = s.out.data, .y_elem = s.out.elem, .ldy = s.n};
+  if (s.bias) {
+    problem.bias = s.bias->data;
+    problem.bias_elem = s.bias->elem;
+    problem.bias_count = s.bias->numel();
+  }
+  if (s.x.elem != Elem::F32) ctx.scratch.reserve_shared(floats_bytes(s.m * s.k));
+  Kernel kernel;
+  kernel.run = [problem, s, quantized = std::move(quantized), pool = &ctx.pool, scratch = &ctx.scratch]() mutable {
+    problem.x = x_floats(s, scratch->shared_as<float>());
+    gemv(problem, *pool);
+  };
+  return kernel;
+}
+
+// The bias as fp32 for the GEMM epilogue: in place, or converted into `scratch`.
+const float* bias_floats(const std::optional<Buffer>& bias, int64_t n, float* scratch) {
+  if (!bias) return nullptr;
+  if (bias->numel() == 1) {
+    std::fill_n(scratch, n, load_float(bias->data, bias->elem, 0));
+    return scratch;
+  }
+  return float_data(bias->data, bias->elem, n, scratch);
+}
+
+int64_t bias_scratch_floats(const LinearShape& s) {
+  return s.bias && (s.bias->elem != Elem::F32 || s.bias->numel() == 1) ? (s.n + 15) / 16 * 16 : 0;
+}
+
+Kernel gemm_linear(const KernelContext& ctx, const LinearShape& s) {
+  ctx.scratch.reserve_shared(floats_bytes(bias_scratch_floats(s)));
+  auto gemm = std::make_shared<const PackedGemm>(GemmSpec{.m = s.m, .n = s.n, .k = s.k}, ctx.scratch);
+  Kernel kernel;
+  kernel.run = [gemm, s, pool = &ctx.pool, scratch = &ctx.scratch] {
+    GemmEpilogue epilogue;
+    epilogue.bias = bias_floats(s.bias, s.n, scratch->shared_as<float>());
+    epilogue.bias_per_column = true;
+    gemm->run(StridedOperand{s.x.data, s.x.elem, s.k},
+              StridedOperand{.data = s.weight.data, .elem = s.weight.elem, .ld = s.k, .transposed = true},
+              GemmOutput{s.out.data, s.out.elem, s.n}, epilogue, *pool, *scratch);
+  };
+  return kernel;
+}
+
+// Many rows against an int8 weight: blocks of weight rows are widened to fp32 (split over the pool) and multiplied
+// by the packed GEMM, so that the whole weight never exists in fp32.
+struct QuantizedGemm {
+  LinearShape s;
+  std::shared_ptr<const QuantizedWeight> weight;
+  int64_t block = 0;        // weight rows per block
+  PackedGemm full, last;    // a whole block, and the last (shorter) one
+  int64_t bias_floats = 0;  // shared scratch: the fp32 bias, then the widened block
+};
+
+void run_quantized_gemm(const QuantizedGemm& g, ThreadPool& pool, const ScratchSpace& scratch) {
+  const LinearShape& s = g.s;
+  float* bias = scratch.shared_as<float>();
+  float* widened = bias + g.bias_floats;
+  const float* all_bias = bias_floats(s.bias, s.n, bias);
+  for (int64_t first = 0; first < s.n; first += g.block) {
+    const int64_t rows = std::min(g.block, s.n - first);
+    pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end, int) {
+      for (int64_t j = begin; j < end; ++j) g.weight->dequantize_row(first + j, widened + j * s.k);
+    });
+    GemmEpilogue epilogue;
+    epilogue.bias = all_bias ? all_bias + first : nullptr;
+    epilogue.bias_per_column = true;
+    const PackedGemm& gemm = rows == g.block ? g.full : g.last;
+    gemm.run(StridedOperand{s.x.data, s.x.elem, s.k},
+             StridedOperand{
+                 .data = reinterpret_cast<const std::byte*>(widened), .elem = Elem::F32, .ld = s.k, .transposed = true},
+             GemmOutput{s.out.data + static_cast<size_t>(first) * elem_size(s.out.elem), s.out.elem, s.n}, epilogue,
+             pool, scratch);
+  }
+}
+
+Kernel quantized_gemm_linear(const KernelContext& ctx, const LinearShape& s,
+                             std::shared_ptr<const QuantizedWeight> weight) {
+  constexpr int64_t kBlockFloats = int64_t{1} << 20;  // 4 MiB of widened weights per block
+  auto g = std::make_shared<QuantizedGemm>();
+  g->s = s;
+  g->weight = std::move(weight);
+  g->block = std::min(s.n, std::max<int64_t>(16, kBlockFloats / std::max<int64_t>(s.k, 1) / 16 * 16));
+  g->full = PackedGemm(GemmSpec{.m = s.m, .n = g->block, .k = s.k}, ctx.scratch);
+  g->last = PackedGemm(GemmSpec{.m = s.m, .n = s.n % g->block == 0 ? g->block : s.n % g->block, .k = s.k}, ctx.scratch);
+  g->bias_floats = bias_scratch_floats(s);
+  ctx.scratch.reserve_shared(floats_bytes(g->bias_floats + g->block * s.k));
+  Kernel kernel;
+  kernel.run = [g = std::shared_ptr<const QuantizedGemm>(g), pool = &ctx.pool, scratch = &ctx.scratch] {
+    run_quantized_gemm(*g, *pool, *scratch);
+  };
+  return kernel;
+}
+
+bool quantize_weight(const KernelContext& ctx) {
+  return ctx.options && ctx.options->weights == WeightQuantization::Int8 && ctx.constant_inputs.size() > 1 &&
+         ctx.constant_inputs[1];
 }
 
 std::optional<Kernel> linear(const KernelContext& ctx) {
   if (!float_node(ctx) || ctx.inputs.size() < 2) return std::nullopt;
-  LinearPlan p;
-  p.x = ctx.inputs[0];
-  p.weight = ctx.inputs[1];
-  p.out = ctx.outputs[0];
-  if (p.weight.meta.shape.size() != 2 || p.x.meta.shape.empty()) return std::nullopt;
-  p.n = p.weight.meta.shape[0];
-  p.k = p.weight.meta.shape[1];
-  p.m = p.n > 0 ? p.out.numel() / p.n : 0;
+  LinearShape s;
+  s.x = ctx.inputs[0];
+  s.weight = ctx.inputs[1];
+  s.out = ctx.outputs[0];
+  if (s.weight.meta.shape.size() != 2 || s.x.meta.shape.empty()) return std::nullopt;
+  s.n = s.weight.meta.shape[0];
+  s.k = s.weight.meta.shape[1];
+  s.m = s.n > 0 ? s.out.numel() / s.n : 0;
+  if (s.x.numel() != s.m * s.k) return std::nullopt;
   if (ctx.inputs.size() == 3) {
-    p.bias = ctx.inputs[2];
-    if (p.bias->numel() != p.n && p.bias->numel() != 1) return std::nullopt;
+    s.bias = ctx.inputs[2];
+    if (s.bias->numel() != s.n && s.bias->numel() != 1) return std::nullopt;
   }
   Kernel kernel;
-  if (p.out.numel() == 0) {
+  if (s.out.numel() == 0) {
     kernel.run = [] {};
     return kernel;
   }
-  const bool all_f32 = p.x.elem == Elem::F32 && p.weight.elem == Elem::F32 && p.out.elem == Elem::F32;
-  if (all_f32) {
-    kernel.run = [p] { linear_f32(p); };
+  if (s.k == 0) {
+    kernel.run = [s] {
+      for (int64_t i = 0; i < s.m; ++i)
+        for (int64_t j = 0; j < s.n; ++j)
+          store_float(s.out.data, s.out.elem, i * s.n + j,
+                      s.bias ? load_float(s.bias->data, s.bias->elem, s.bias->numel() == 1 ? 0 : j) : 0.0f);
+    };
     return kernel;
   }
-  // Panels of about 256 KiB of fp32 weights, a multiple of 16 columns.
-  p.panel = std::clamp<int64_t>((int64_t{1} << 16) / std::max<int64_t>(p.k, 1) / 16 * 16, 16, 512);
-  p.panel = std::min(p.panel, p.n);
-  ctx.scratch.reserve_shared(floats_bytes(p.m * p.k));
-  ctx.scratch.reserve_per_worker(floats_bytes(p.panel * p.k + p.m * p.panel));
-  kernel.run = [p, pool = &ctx.pool, scratch = &ctx.scratch] { linear_panels(p, *pool, *scratch); };
-  return kernel;
+  std::shared_ptr<const QuantizedWeight> quantized;
+  if (quantize_weight(ctx)) quantized = shared_quantized(s, ctx.options->quantization_group, ctx.pool);
+  if (s.m <= kGemvMaxRows) return gemv_linear(ctx, s, std::move(quantized));
+  if (quantized) return quantized_gemm_linear(ctx, s, std::move(quantized));
+  return gemm_linear(ctx, s);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 
+#include "backends/cpu/attention_kernels.h"
 #include "backends/cpu/elementwise.h"
 #include "ops/gemm.h"
 
@@ -642,6 +643,7 @@ std::optional<Kernel> scaled_dot_product_attention(const KernelContext& ctx) {
 
 // The fused attention op: q [...batch, Hq, L, E], k [...batch, Hk, S, E], v [...batch, Hv, S, Ev].
 std::optional<Kernel> fused_attention(const KernelContext& ctx) {
+  if (std::optional<Kernel> decode = decode_attention(ctx)) return decode;
   if (!floating_io(ctx, 3)) return std::nullopt;
   const Attrs& attrs = ctx.node.attrs;
   AttentionPlan p;

@@ -1,0 +1,654 @@
+#include "backends/cpu/gemv.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "npusim/error.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define NPUSIM_GEMV_X86 1
+#endif
+
+namespace npusim::cpu {
+
+namespace {
+
+// How an int8 weight is scaled: float weights are not; one scale per row is applied to the finished sum; smaller
+// groups scale the weights as they are widened.
+enum class Scaling { None, PerRow, PerGroup };
+
+Scaling scaling_of(const GemvWeight& w) {
+  if (w.type != GemvWeightType::Int8) return Scaling::None;
+  return w.group >= w.k ? Scaling::PerRow : Scaling::PerGroup;
+}
+
+float bias_at(const GemvProblem& p, int64_t j) {
+  if (!p.bias) return 0.0f;
+  return load_float(p.bias, p.bias_elem, p.bias_count == 1 ? 0 : j);
+}
+
+void store_result(const GemvProblem& p, int64_t i, int64_t j, float value) {
+  value += bias_at(p, j);
+  if (p.y_elem == Elem::F32)
+    reinterpret_cast<float*>(p.y)[i * p.ldy + j] = value;
+  else
+    store_float(p.y, p.y_elem, i * p.ldy + j, value);
+}
+
+// Activations quantized to int8 in blocks of kActivationBlock values along k, for int8 weights on AVX2: the
+// products then run on 8-bit integer multiply-adds, and memory, not widening, sets the speed.
+constexpr int64_t kActivationBlock = 32;
+
+struct Int8Activations {
+  const int8_t* values = nullptr;  // [m, stride], zero past k
+  const float* scales = nullptr;   // [m, blocks]
+  int64_t stride = 0, blocks = 0;
+};
+
+// Scratch of the thread that quantizes; grows, never shrinks, so steady-state calls allocate nothing.
+struct ActivationScratch {
+  std::vector<int8_t> values;
+  std::vector<float> scales;
+};
+
+bool int8_products(const GemvWeight& w) {
+  return w.type == GemvWeightType::Int8 && w.k >= kActivationBlock &&
+         (w.group >= w.k || w.group % kActivationBlock == 0);
+}
+
+// ---- portable ----
+
+constexpr int64_t kPortableChunk = 256;
+
+// Weights [first, first + count) of row j as fp32, scaled.
+void widen_row(const GemvWeight& w, int64_t j, int64_t first, int64_t count, float* out) {
+  const int64_t offset = j * w.k + first;
+  switch (w.type) {
+    case GemvWeightType::F32:
+      std::copy_n(static_cast<const float*>(w.values) + offset, count, out);
+      return;
+    case GemvWeightType::F16: {
+      const auto* bits = static_cast<const uint16_t*>(w.values) + offset;
+      for (int64_t i = 0; i < count; ++i) out[i] = fp16_to_float(bits[i]);
+      return;
+    }
+    case GemvWeightType::BF16: {
+      const auto* bits = static_cast<const uint16_t*>(w.values) + offset;
+      for (int64_t i = 0; i < count; ++i) out[i] = bf16_bits_to_float(bits[i]);
+      return;
+    }
+    case GemvWeightType::Int8: {
+      const auto* values = static_cast<const int8_t*>(w.values) + offset;
+      const float* scales = w.scales + j * w.groups();
+      for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(values[i]) * scales[(first + i) / w.group];
+      return;
+    }
+  }
+}
+
+void portable_columns(const GemvProblem& p, int64_t begin, int64_t end) {
+  float row[kPortableChunk];
+  float sums[kGemvMaxRows];
+  for (int64_t j = begin; j < end; ++j) {
+    std::fill_n(sums, p.m, 0.0f);
+    for (int64_t first = 0; first < p.weight.k; first += kPortableChunk) {
+      const int64_t count = std::min(kPortableChunk, p.weight.k - first);
+      widen_row(p.weight, j, first, count, row);
+      for (int64_t i = 0; i < p.m; ++i) {
+        const float* x = p.x + i * p.ldx + first;
+        float sum = 0.0f;
+        for (int64_t t = 0; t < count; ++t) sum += x[t] * row[t];
+        sums[i] += sum;
+      }
+    }
+    for (int64_t i = 0; i < p.m; ++i) store_result(p, i, j, sums[i]);
+  }
+}
+
+// ---- AVX2 + FMA (+ F16C) ----
+
+#ifdef NPUSIM_GEMV_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+#define NPUSIM_GEMV_INLINE inline __attribute__((always_inline))
+
+struct F32Loader {
+  using T = float;
+  static NPUSIM_GEMV_INLINE __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+};
+struct BF16Loader {
+  using T = uint16_t;
+  // bf16 is the upper half of an fp32.
+  static NPUSIM_GEMV_INLINE __m256 load(const uint16_t* p) {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+  }
+};
+struct F16Loader {
+  using T = uint16_t;
+  static NPUSIM_GEMV_INLINE __m256 load(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+struct I8Loader {
+  using T = int8_t;
+  static NPUSIM_GEMV_INLINE __m256 load(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+};
+
+// Far enough ahead to cover the memory latency at full bandwidth, near enough to stay in L1.
+constexpr int64_t kPrefetchBytes = 1024;
+
+NPUSIM_GEMV_INLINE float horizontal_sum(__m256 v) {
+  const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+
+// acc[m][r] += x[m, i..i+8) * W[r, i..i+8) (weights times their group scale when Grouped).
+template <class L, int M, int R, bool Grouped>
+NPUSIM_GEMV_INLINE void fma_step(const typename L::T* const (&rows)[R], int64_t i, const float* x, int64_t ldx,
+                                 const __m256 (&scale)[R], __m256 (&acc)[M][R]) {
+  __m256 xs[M];
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m) xs[m] = _mm256_loadu_ps(x + m * ldx + i);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    __m256 w = L::load(rows[r] + i);
+    if constexpr (Grouped) w = _mm256_mul_ps(w, scale[r]);
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) acc[m][r] = _mm256_fmadd_ps(xs[m], w, acc[m][r]);
+  }
+}
+
+// acc over [begin, end), a span of whole vectors; the main loop reads one cache line of every row per iteration
+// and prefetches ahead.
+template <class L, int M, int R, bool Grouped>
+NPUSIM_GEMV_INLINE void dot_span(const typename L::T* const (&rows)[R], int64_t begin, int64_t end, const float* x,
+                                 int64_t ldx, const __m256 (&scale)[R], __m256 (&acc)[M][R]) {
+  constexpr int64_t kLine = 64 / sizeof(typename L::T);  // elements per cache line
+  constexpr int64_t kAhead = kPrefetchBytes / sizeof(typename L::T);
+  int64_t i = begin;
+  for (; i + kLine <= end; i += kLine) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + i + kAhead), _MM_HINT_T0);
+#pragma GCC unroll 8
+    for (int64_t v = 0; v < kLine; v += 8) fma_step<L, M, R, Grouped>(rows, i + v, x, ldx, scale, acc);
+  }
+  for (; i + 8 <= end; i += 8) fma_step<L, M, R, Grouped>(rows, i, x, ldx, scale, acc);
+}
+
+float widen_one(const float* p) { return *p; }
+float widen_one(const int8_t* p) { return static_cast<float>(*p); }
+
+template <class L>
+float widen_scalar(const typename L::T* p) {
+  if constexpr (std::is_same_v<L, BF16Loader>)
+    return bf16_bits_to_float(*p);
+  else if constexpr (std::is_same_v<L, F16Loader>)
+    return fp16_to_float(*p);
+  else
+    return widen_one(p);
+}
+
+// Output columns j0 .. j0 + R of every row.
+template <class L, Scaling S, int M, int R>
+void avx2_block(const GemvProblem& p, int64_t j0) {
+  const GemvWeight& w = p.weight;
+  const int64_t k = w.k, whole = k / 8 * 8, groups = w.groups();
+  const typename L::T* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = static_cast<const typename L::T*>(w.values) + (j0 + r) * k;
+  __m256 acc[M][R];
+  __m256 scale[R];
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
+  if constexpr (S == Scaling::PerGroup) {
+    for (int64_t g = 0, first = 0; first < whole; ++g, first += w.group) {
+      for (int r = 0; r < R; ++r) scale[r] = _mm256_set1_ps(w.scales[(j0 + r) * groups + g]);
+      dot_span<L, M, R, true>(rows, first, std::min(first + w.group, whole), p.x, p.ldx, scale, acc);
+    }
+  } else {
+    dot_span<L, M, R, false>(rows, 0, whole, p.x, p.ldx, scale, acc);
+  }
+  for (int m = 0; m < M; ++m) {
+    const float* x = p.x + m * p.ldx;
+    for (int r = 0; r < R; ++r) {
+      float sum = horizontal_sum(acc[m][r]);
+      for (int64_t i = whole; i < k; ++i) {
+        float value = widen_scalar<L>(rows[r] + i);
+        if constexpr (S == Scaling::PerGroup) value *= w.scales[(j0 + r) * groups + i / w.group];
+        sum += x[i] * value;
+      }
+      if constexpr (S == Scaling::PerRow) sum *= w.scales[(j0 + r) * groups];
+      store_result(p, m, j0 + r, sum);
+    }
+  }
+}
+
+// One activation row against one weight row at a time: a single memory stream per thread, four accumulators to
+// hide the FMA latency.
+template <class L>
+void avx2_single_row(const GemvProblem& p, int64_t j) {
+  const int64_t k = p.weight.k, whole = k / 8 * 8;
+  const typename L::T* row = static_cast<const typename L::T*>(p.weight.values) + j * k;
+  constexpr int64_t kAhead = kPrefetchBytes / sizeof(typename L::T);
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 32 <= whole; i += 32) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + i + kAhead), _MM_HINT_T0);
+    if constexpr (sizeof(typename L::T) == 4)
+      _mm_prefetch(reinterpret_cast<const char*>(row + i + kAhead + 16), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u)
+      acc[u] = _mm256_fmadd_ps(_mm256_loadu_ps(p.x + i + 8 * u), L::load(row + i + 8 * u), acc[u]);
+  }
+  for (; i < whole; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(p.x + i), L::load(row + i), acc[0]);
+  float sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < k; ++i) sum += p.x[i] * widen_scalar<L>(row + i);
+  store_result(p, 0, j, sum);
+}
+
+template <class L, Scaling S, int M>
+void avx2_rows(const GemvProblem& p, int64_t begin, int64_t end) {
+  if constexpr (M == 1 && S == Scaling::None) {
+    for (int64_t j = begin; j < end; ++j) avx2_single_row<L>(p, j);
+    return;
+  }
+  // Accumulators for M x R outputs stay in the 16 vector registers.
+  constexpr int R = M <= 3 ? 4 : 2;
+  int64_t j = begin;
+  for (; j + R <= end; j += R) avx2_block<L, S, M, R>(p, j);
+  for (; j < end; ++j) avx2_block<L, S, M, 1>(p, j);
+}
+
+template <class L, Scaling S>
+void avx2_typed(const GemvProblem& p, int64_t begin, int64_t end) {
+  switch (p.m) {
+    case 1:
+      return avx2_rows<L, S, 1>(p, begin, end);
+    case 2:
+      return avx2_rows<L, S, 2>(p, begin, end);
+    case 3:
+      return avx2_rows<L, S, 3>(p, begin, end);
+    case 4:
+      return avx2_rows<L, S, 4>(p, begin, end);
+    case 5:
+      return avx2_rows<L, S, 5>(p, begin, end);
+    case 6:
+      return avx2_rows<L, S, 6>(p, begin, end);
+    default:
+      return avx2_rows<L, S, 7>(p, begin, end);
+  }
+}
+
+// x rows to int8 blocks: scale = max |x| / 127 per block, values rounded to nearest.
+void avx2_quantize_activations(const GemvProblem& p, ActivationScratch& scratch, Int8Activations& out) {
+  const int64_t k = p.weight.k;
+  out.blocks = (k + kActivationBlock - 1) / kActivationBlock;
+  out.stride = out.blocks * kActivationBlock;
+  scratch.values.resize(static_cast<size_t>(p.m * out.stride));
+  scratch.scales.resize(static_cast<size_t>(p.m * out.blocks));
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t i = 0; i < p.m; ++i) {
+    const float* x = p.x + i * p.ldx;
+    int8_t* q = scratch.values.data() + i * out.stride;
+    float* scales = scratch.scales.data() + i * out.blocks;
+    const int64_t whole = k / kActivationBlock;
+    for (int64_t b = 0; b < whole; ++b) {
+      const float* block = x + b * kActivationBlock;
+      __m256 v[4];
+      __m256 largest = _mm256_setzero_ps();
+      for (int t = 0; t < 4; ++t) {
+        v[t] = _mm256_loadu_ps(block + 8 * t);
+        largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign, v[t]));
+      }
+      __m128 half = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
+      half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+      half = _mm_max_ss(half, _mm_movehdup_ps(half));
+      const float top = _mm_cvtss_f32(half);
+      scales[b] = top / 127.0f;
+      const __m256 inverse = _mm256_set1_ps(top > 0.0f ? 127.0f / top : 0.0f);
+      __m256i n[4];
+      for (int t = 0; t < 4; ++t) n[t] = _mm256_cvtps_epi32(_mm256_mul_ps(v[t], inverse));
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kActivationBlock),
+                          _mm256_permutevar8x32_epi32(packed, order));
+    }
+    if (whole < out.blocks) {
+      const int64_t first = whole * kActivationBlock;
+      float top = 0.0f;
+      for (int64_t t = first; t < k; ++t) top = std::max(top, std::fabs(x[t]));
+      scales[whole] = top / 127.0f;
+      const float inverse = top > 0.0f ? 127.0f / top : 0.0f;
+      for (int64_t t = first; t < out.stride; ++t)
+        q[t] = t < k ? static_cast<int8_t>(std::nearbyint(x[t] * inverse)) : int8_t{0};
+    }
+  }
+  out.values = scratch.values.data();
+  out.scales = scratch.scales.data();
+}
+
+// Sum over one block of 32 products of int8 values, as 8 int32 lanes: |w| times x with w's sign, in pairs to int16
+// (at most 2 * 127 * 127, no saturation), then to int32.
+NPUSIM_GEMV_INLINE __m256 block_dot(__m256i w_abs, __m256i w, __m256i x) {
+  const __m256i pairs = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(x, w));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+template <int M, int R, bool Grouped>
+void avx2_int8_block(const GemvProblem& p, const Int8Activations& a, int64_t j0) {
+  const GemvWeight& w = p.weight;
+  const int64_t k = w.k, whole = k / kActivationBlock, groups = w.groups();
+  constexpr int64_t kAhead = kPrefetchBytes;
+  const int8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = static_cast<const int8_t*>(w.values) + (j0 + r) * k;
+  __m256 acc[M][R];
+#pragma GCC unroll 8
+  for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < whole; ++b) {
+    const int64_t at = b * kActivationBlock;
+    if ((b & 1) == 0)
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + at + kAhead), _MM_HINT_T0);
+    __m256i xs[M];
+    __m256 dx[M];
+#pragma GCC unroll 8
+    for (int m = 0; m < M; ++m) {
+      xs[m] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.values + m * a.stride + at));
+      dx[m] = _mm256_broadcast_ss(a.scales + m * a.blocks + b);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + at));
+      const __m256i w_abs = _mm256_abs_epi8(wv);
+      __m256 dw;
+      if constexpr (Grouped) dw = _mm256_broadcast_ss(w.scales + (j0 + r) * groups + at / w.group);
+#pragma GCC unroll 8
+      for (int m = 0; m < M; ++m) {
+        const __m256 scale = Grouped ? _mm256_mul_ps(dx[m], dw) : dx[m];
+        acc[m][r] = _mm256_fmadd_ps(block_dot(w_abs, wv, xs[m]), scale, acc[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    const int8_t* xq = a.values + m * a.stride;
+    for (int r = 0; r < R; ++r) {
+      float sum = horizontal_sum(acc[m][r]);
+      if (whole < a.blocks) {
+        int32_t tail = 0;
+        for (int64_t i = whole * kActivationBlock; i < k; ++i) tail += int32_t{rows[r][i]} * int32_t{xq[i]};
+        float scale = a.scales[m * a.blocks + whole];
+        if constexpr (Grouped) scale *= w.scales[(j0 + r) * groups + whole * kActivationBlock / w.group];
+        sum += static_cast<float>(tail) * scale;
+      }
+      if constexpr (!Grouped) sum *= w.scales[(j0 + r) * groups];
+      store_result(p, m, j0 + r, sum);
+    }
+  }
+}
+
+// One activation row against one int8 weight row: a single memory stream, even and odd blocks in two accumulators.
+template <bool Grouped>
+void avx2_int8_single_row(const GemvProblem& p, const Int8Activations& a, int64_t j) {
+  const GemvWeight& w = p.weight;
+  const int64_t k = w.k, whole = k / kActivationBlock, groups = w.groups();
+  const int8_t* row = static_cast<const int8_t*>(w.values) + j * k;
+  const float* row_scales = w.scales + j * groups;
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t b = 0;
+  const auto block = [&](int64_t index, __m256& sum) {
+    const int64_t at = index * kActivationBlock;
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + at));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.values + at));
+    __m256 scale = _mm256_broadcast_ss(a.scales + index);
+    if constexpr (Grouped) scale = _mm256_mul_ps(scale, _mm256_broadcast_ss(row_scales + at / w.group));
+    sum = _mm256_fmadd_ps(block_dot(_mm256_abs_epi8(wv), wv, xv), scale, sum);
+  };
+  for (; b + 2 <= whole; b += 2) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + b * kActivationBlock + kPrefetchBytes), _MM_HINT_T0);
+    block(b, acc[0]);
+    block(b + 1, acc[1]);
+  }
+  if (b < whole) block(b, acc[0]);
+  float sum = horizontal_sum(_mm256_add_ps(acc[0], acc[1]));
+  if (whole < a.blocks) {
+    int32_t tail = 0;
+    for (int64_t i = whole * kActivationBlock; i < k; ++i) tail += int32_t{row[i]} * int32_t{a.values[i]};
+    float scale = a.scales[whole];
+    if constexpr (Grouped) scale *= row_scales[whole * kActivationBlock / w.group];
+    sum += static_cast<float>(tail) * scale;
+  }
+  if constexpr (!Grouped) sum *= row_scales[0];
+  store_result(p, 0, j, sum);
+}
+
+template <bool Grouped, int M>
+void avx2_int8_rows(const GemvProblem& p, const Int8Activations& a, int64_t begin, int64_t end) {
+  if constexpr (M == 1) {
+    for (int64_t j = begin; j < end; ++j) avx2_int8_single_row<Grouped>(p, a, j);
+    return;
+  }
+  constexpr int R = M <= 3 ? 4 : 2;
+  int64_t j = begin;
+  for (; j + R <= end; j += R) avx2_int8_block<M, R, Grouped>(p, a, j);
+  for (; j < end; ++j) avx2_int8_block<M, 1, Grouped>(p, a, j);
+}
+
+template <bool Grouped>
+void avx2_int8_typed(const GemvProblem& p, const Int8Activations& a, int64_t begin, int64_t end) {
+  switch (p.m) {
+    case 1:
+      return avx2_int8_rows<Grouped, 1>(p, a, begin, end);
+    case 2:
+      return avx2_int8_rows<Grouped, 2>(p, a, begin, end);
+    case 3:
+      return avx2_int8_rows<Grouped, 3>(p, a, begin, end);
+    case 4:
+      return avx2_int8_rows<Grouped, 4>(p, a, begin, end);
+    case 5:
+      return avx2_int8_rows<Grouped, 5>(p, a, begin, end);
+    case 6:
+      return avx2_int8_rows<Grouped, 6>(p, a, begin, end);
+    default:
+      return avx2_int8_rows<Grouped, 7>(p, a, begin, end);
+  }
+}
+
+void avx2_int8_columns(const GemvProblem& p, const Int8Activations& a, int64_t begin, int64_t end) {
+  if (p.weight.group >= p.weight.k) return avx2_int8_typed<false>(p, a, begin, end);
+  avx2_int8_typed<true>(p, a, begin, end);
+}
+
+void avx2_columns(const GemvProblem& p, int64_t begin, int64_t end) {
+  switch (p.weight.type) {
+    case GemvWeightType::F32:
+      return avx2_typed<F32Loader, Scaling::None>(p, begin, end);
+    case GemvWeightType::F16:
+      return avx2_typed<F16Loader, Scaling::None>(p, begin, end);
+    case GemvWeightType::BF16:
+      return avx2_typed<BF16Loader, Scaling::None>(p, begin, end);
+    case GemvWeightType::Int8:
+      if (scaling_of(p.weight) == Scaling::PerRow) return avx2_typed<I8Loader, Scaling::PerRow>(p, begin, end);
+      return avx2_typed<I8Loader, Scaling::PerGroup>(p, begin, end);
+  }
+}
+
+#undef NPUSIM_GEMV_INLINE
+#pragma GCC pop_options
+#endif
+
+bool cpu_has_avx2() {
+#ifdef NPUSIM_GEMV_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+  return false;
+#endif
+}
+
+GemvIsa detected_isa() {
+  static const GemvIsa isa = cpu_has_avx2() ? GemvIsa::Avx2 : GemvIsa::Portable;
+  return isa;
+}
+
+std::atomic<int> forced_isa{-1};
+
+// Problems below this many multiply-adds run on the calling thread: waking the pool costs more.
+constexpr int64_t kParallelWork = int64_t{1} << 15;
+// Weight bytes per piece of work a thread takes at a time.
+constexpr int64_t kChunkBytes = int64_t{1} << 17;
+
+void check_problem(const GemvProblem& p) {
+  if (p.m < 1 || p.m > kGemvMaxRows)
+    fail("gemv: " + std::to_string(p.m) + " rows of activations; the kernel takes 1 to " +
+         std::to_string(kGemvMaxRows));
+  const GemvWeight& w = p.weight;
+  if (w.type == GemvWeightType::Int8 && w.k > 0 && (w.group < 1 || (w.group < w.k && w.group % 8 != 0)))
+    fail("gemv: int8 scale groups of " + std::to_string(w.group) + " values; expected the row length (" +
+         std::to_string(w.k) + ") or a multiple of 8");
+}
+
+}  // namespace
+
+GemvIsa gemv_isa() {
+  const int forced = forced_isa.load(std::memory_order_relaxed);
+  return forced >= 0 ? static_cast<GemvIsa>(forced) : detected_isa();
+}
+
+void force_gemv_isa(std::optional<GemvIsa> isa) {
+  if (isa == GemvIsa::Avx2 && detected_isa() != GemvIsa::Avx2)
+    fail("gemv: this CPU lacks AVX2, FMA or F16C, so the AVX2 kernels cannot be forced");
+  forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
+}
+
+namespace {
+
+// Quantizes the activations when the products will use them (AVX2 with an int8 weight); false otherwise.
+bool prepare_activations([[maybe_unused]] const GemvProblem& p, [[maybe_unused]] Int8Activations& out) {
+#ifdef NPUSIM_GEMV_X86
+  if (gemv_isa() == GemvIsa::Avx2 && int8_products(p.weight)) {
+    static thread_local ActivationScratch scratch;
+    avx2_quantize_activations(p, scratch, out);
+    return true;
+  }
+#endif
+  return false;
+}
+
+void run_columns(const GemvProblem& p, const Int8Activations* activations, int64_t begin, int64_t end) {
+#ifdef NPUSIM_GEMV_X86
+  if (activations) return avx2_int8_columns(p, *activations, begin, end);
+  if (gemv_isa() == GemvIsa::Avx2) return avx2_columns(p, begin, end);
+#endif
+  portable_columns(p, begin, end);
+}
+
+}  // namespace
+
+void gemv_columns(const GemvProblem& problem, int64_t begin, int64_t end) {
+  check_problem(problem);
+  begin = std::max<int64_t>(begin, 0);
+  end = std::min(end, problem.weight.n);
+  if (begin >= end) return;
+  Int8Activations activations;
+  run_columns(problem, prepare_activations(problem, activations) ? &activations : nullptr, begin, end);
+}
+
+void gemv(const GemvProblem& problem, ThreadPool& pool) {
+  check_problem(problem);
+  const int64_t n = problem.weight.n;
+  if (n <= 0) return;
+  Int8Activations quantized;
+  const Int8Activations* activations = prepare_activations(problem, quantized) ? &quantized : nullptr;
+  if (n * problem.weight.k * problem.m < kParallelWork || pool.size() == 1) {
+    run_columns(problem, activations, 0, n);
+    return;
+  }
+  // Threads take chunks of columns as they come, so a thread that starts late (a busy machine) does less; chunks
+  // are whole 8-column groups, so that every block of rows stays whole.
+  const int64_t bytes_per_column = problem.weight.k * (problem.weight.type == GemvWeightType::F32    ? 4
+                                                       : problem.weight.type == GemvWeightType::Int8 ? 1
+                                                                                                     : 2);
+  const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(bytes_per_column, 1) / 8 * 8);
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  std::atomic<int64_t> next{0};
+  pool.parallel_for(pool.size(), 1, [&](int64_t, int64_t, int) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed))
+      run_columns(problem, activations, c * chunk, std::min(n, (c + 1) * chunk));
+  });
+}
+
+GemvWeight QuantizedWeight::view() const {
+  return {.type = GemvWeightType::Int8,
+          .values = values.data(),
+          .n = n,
+          .k = k,
+          .scales = reinterpret_cast<const float*>(scales.data()),
+          .group = group};
+}
+
+void QuantizedWeight::dequantize_row(int64_t j, float* out) const {
+  const auto* row = reinterpret_cast<const int8_t*>(values.data()) + j * k;
+  const int64_t groups = (k + group - 1) / group;
+  const float* row_scales = reinterpret_cast<const float*>(scales.data()) + j * groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    const float scale = row_scales[g];
+    for (int64_t i = g * group; i < std::min(k, (g + 1) * group); ++i) out[i] = static_cast<float>(row[i]) * scale;
+  }
+}
+
+QuantizedWeight quantize_int8(const std::byte* weight, Elem elem, int64_t n, int64_t k, int64_t group,
+                              ThreadPool* pool) {
+  if (!is_float_elem(elem)) fail("int8 quantization needs a float weight");
+  if (n < 0 || k < 0) fail("int8 quantization: negative weight dims");
+  if (group <= 0 || group > k) group = std::max<int64_t>(k, 1);
+  if (group < k && group % 8 != 0)
+    fail("int8 quantization: groups of " + std::to_string(group) + " values; expected a multiple of 8");
+  QuantizedWeight q;
+  q.n = n;
+  q.k = k;
+  q.group = group;
+  const int64_t groups = (k + group - 1) / group;
+  q.values = AlignedBuffer(static_cast<size_t>(n * k));
+  q.scales = AlignedBuffer(static_cast<size_t>(n * groups) * sizeof(float));
+  auto* values = reinterpret_cast<int8_t*>(q.values.data());
+  auto* scales = reinterpret_cast<float*>(q.scales.data());
+  const auto quantize_rows = [&](int64_t begin, int64_t end, int) {
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t j = begin; j < end; ++j) {
+      to_float(weight + static_cast<size_t>(j * k) * elem_size(elem), elem, row.data(), k);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t first = g * group, last = std::min(k, first + group);
+        float largest = 0.0f;
+        for (int64_t i = first; i < last; ++i) largest = std::max(largest, std::fabs(row[static_cast<size_t>(i)]));
+        const float scale = std::isfinite(largest) ? largest / 127.0f : 0.0f;
+        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        scales[j * groups + g] = scale;
+        for (int64_t i = first; i < last; ++i) {
+          const float scaled = std::nearbyint(row[static_cast<size_t>(i)] * inverse);
+          values[j * k + i] = static_cast<int8_t>(std::clamp(std::isnan(scaled) ? 0.0f : scaled, -127.0f, 127.0f));
+        }
+      }
+    }
+  };
+  if (pool)
+    pool->parallel_for(n, 16, quantize_rows);
+  else
+    quantize_rows(0, n, 0);
+  return q;
+}
+
+}  // namespace npusim::cpu

@@ -1,0 +1,76 @@
+#pragma once
+// Products of a few activation rows with a linear layer's weight, y[m, n] = x[m, k] · W[n, k]^T + bias, for m up to
+// kGemvMaxRows: the shape of LLM decoding, where every weight is read once per step and memory bandwidth decides
+// the speed. Weights stay in their storage form (fp32, fp16, bf16, or int8 with scales) and are widened to fp32
+// in registers; several weight rows are walked together so that each activation load serves them all. With an int8
+// weight on AVX2 the activations are quantized too (int8, one scale per block of 32 values along k) and the products
+// run on 8-bit integer multiply-adds; the portable path keeps fp32 activations. Work is split over the pool by
+// output columns (weight rows); nothing is allocated per call once a thread has seen its largest problem.
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "backends/cpu/storage.h"
+#include "backends/cpu/thread_pool.h"
+
+namespace npusim::cpu {
+
+constexpr int64_t kGemvMaxRows = 7;
+
+enum class GemvWeightType : uint8_t { F32, F16, BF16, Int8 };
+
+// A weight [n, k], row-major. An int8 weight is symmetric: W[j, i] = values[j, i] * scales[j * groups + i / group]
+// with groups = ceil(k / group); `group` is k (one scale per output channel) or a multiple of 8.
+struct GemvWeight {
+  GemvWeightType type = GemvWeightType::F32;
+  const void* values = nullptr;
+  int64_t n = 0, k = 0;
+  const float* scales = nullptr;
+  int64_t group = 0;
+
+  int64_t groups() const { return group > 0 ? (k + group - 1) / group : 0; }
+};
+
+// y[i, j] for i < m, j < weight.n. x is fp32 with row stride ldx; y is stored as `y_elem` with row stride ldy;
+// the bias ([n] or a single value, stored as `bias_elem`) is optional.
+struct GemvProblem {
+  int64_t m = 1;
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  GemvWeight weight;
+  const std::byte* bias = nullptr;
+  Elem bias_elem = Elem::F32;
+  int64_t bias_count = 0;  // n, or 1 for one value for every column
+  std::byte* y = nullptr;
+  Elem y_elem = Elem::F32;
+  int64_t ldy = 0;
+};
+
+// Output columns [begin, end) of every row, on the calling thread.
+void gemv_columns(const GemvProblem& problem, int64_t begin, int64_t end);
+// All columns, split over the pool.
+void gemv(const GemvProblem& problem, ThreadPool& pool);
+
+// Which implementation runs: chosen once from the CPU's features; tests may force the portable one.
+enum class GemvIsa : uint8_t { Portable, Avx2 };
+GemvIsa gemv_isa();
+// Forces an implementation (nullopt: back to the CPU's choice). Forcing Avx2 on a CPU without it fails.
+void force_gemv_isa(std::optional<GemvIsa> isa);
+
+// A weight quantized to symmetric int8, owned.
+struct QuantizedWeight {
+  AlignedBuffer values;  // int8 [n, k]
+  AlignedBuffer scales;  // fp32 [n, groups]
+  int64_t n = 0, k = 0, group = 0;
+
+  GemvWeight view() const;
+  // Row j widened back to fp32 (k values).
+  void dequantize_row(int64_t j, float* out) const;
+};
+
+// Quantizes a float weight [n, k] stored as `elem`; `group` 0 means one scale per output channel. Rows are split
+// over the pool.
+QuantizedWeight quantize_int8(const std::byte* weight, Elem elem, int64_t n, int64_t k, int64_t group,
+                              ThreadPool* pool = nullptr);
+
+}  // namespace npusim::cpu
