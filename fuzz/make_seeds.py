@@ -252,6 +252,36 @@ def tokenizer_seeds(out):
         write(os.path.join(out, "tokenizer", name + "_pair_merges.json"), json.dumps(pairs))
 
 
+MODEL_DIR_SEPARATOR = b"\n==> next file <==\n"
+
+
+def model_dir_seeds(fixtures, out):
+    """Directories as fuzz_model_dir reads them: config, generation config, index, shard 1, shard 2."""
+    target = os.path.join(out, "model_dir")
+    config = open(os.path.join(fixtures, "qwen_tiny", "config.json"), "rb").read()
+    generation = json.dumps({"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
+                             "eos_token_id": [2, 3], "bos_token_id": 1}).encode()
+    header, data = read_safetensors(os.path.join(fixtures, "qwen_tiny", "model.safetensors"))
+    entries = sorted((k, v) for k, v in header.items() if k != "__metadata__")
+    small = []
+    for key, entry in entries[:4]:
+        begin = entry["data_offsets"][0]
+        size = SIZES[entry["dtype"]]
+        small.append((key, entry["dtype"], [1], data[begin:begin + size]))
+    one_file = safetensors_bytes(small, {"format": "pt"})
+    first, second = safetensors_bytes(small[:2]), safetensors_bytes(small[2:])
+    index = json.dumps({"metadata": {"total_size": 8},
+                        "weight_map": dict([(t[0], "model.safetensors") for t in small[:2]] +
+                                           [(t[0], "model-00002-of-00002.safetensors") for t in small[2:]])}).encode()
+
+    def seed(name, parts):
+        write(os.path.join(target, name), MODEL_DIR_SEPARATOR.join(parts))
+
+    seed("single_file", [config, generation, b"", one_file, b""])
+    seed("sharded", [config, generation, index, first, second])
+    seed("no_generation_config", [config, b"", b"", one_file, b""])
+
+
 def main():
     if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
@@ -262,6 +292,7 @@ def main():
     npy_seeds(out)
     config_seeds(fixtures, out)
     tokenizer_seeds(out)
+    model_dir_seeds(fixtures, out)
     lines = ['"%s"' % word.replace("\\", "\\\\").replace('"', '\\"') for word in sorted(dictionary)]
     write(os.path.join(out, "torch_ir.dict"), "\n".join(lines) + "\n")
 

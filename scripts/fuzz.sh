@@ -2,7 +2,7 @@
 # Builds the libFuzzer targets (fuzz/) with clang-14, ASan and UBSan into build-fuzz/ and runs each, one after
 # the other, for SECONDS seconds (default 60) on its seed corpus from tests/data/fixtures.
 #   usage: scripts/fuzz.sh [SECONDS] [TARGET...]
-#   (targets: torch_ir safetensors npy model_config npubin tokenizer; default all)
+#   (targets: torch_ir safetensors npy model_config npubin tokenizer model_dir; default all)
 # The corpus each run grows is kept in build-fuzz/corpus/TARGET; a crashing input lands in
 # build-fuzz/artifacts/TARGET/ and makes the script fail. Reproduce one with: build-fuzz/bin/fuzz_TARGET FILE
 set -euo pipefail
@@ -47,6 +47,7 @@ declare -A extra_flags=(
   [model_config]="-max_len=4096"
   [npubin]="-max_len=65536"
   [tokenizer]="-max_len=16384"
+  [model_dir]="-max_len=8192"
 )
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
