@@ -7,6 +7,7 @@
 
 #include "backends/cpu/conv_winograd.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/packed_gemm.h"
 #include "npusim/error.h"
 #include "npusim/op_registry.h"
 
@@ -220,6 +221,29 @@ TEST(ConvKernels, UnsupportedGeometryIsLeftToTheReference) {
 }
 
 // Winograd directly (the kernel uses it only for weights known to be constant).
+// The GEMM-based paths with each micro-kernel forced in turn (kernels this CPU lacks are skipped).
+TEST(ConvKernels, EveryMicroKernelMatchesReference) {
+  for (GemmKernelChoice kernel : {GemmKernelChoice::Portable, GemmKernelChoice::Avx2, GemmKernelChoice::Avx512}) {
+    if (!gemm_kernel_supported(kernel)) continue;
+    set_gemm_kernel_choice(kernel);
+    for (const ConvCase& c : conv_cases())
+      for (Elem elem : {Elem::F32, Elem::BF16})
+        for (int threads : {1, 2}) {
+          const std::string label = c.label + " kernel " + std::to_string(static_cast<int>(kernel)) + " elem " +
+                                    std::to_string(static_cast<int>(elem)) + " threads " + std::to_string(threads);
+          const Attrs attrs = normalized("conv2d", conv_attrs(c));
+          std::vector<Tensor> inputs = conv_inputs(c);
+          for (Tensor& t : inputs) t = rounded(t, elem);
+          const Tensor expected = reference("conv2d", attrs, inputs);
+          const std::optional<Tensor> actual = run_kernel("conv2d", attrs, inputs, expected.shape(), elem, threads);
+          ASSERT_TRUE(actual) << label;
+          expect_close(*actual, rounded(expected, elem), tolerance(elem), label);
+          if (testing::Test::HasFailure()) break;
+        }
+  }
+  set_gemm_kernel_choice(GemmKernelChoice::Best);
+}
+
 TEST(ConvKernels, WinogradMatchesReference) {
   struct Case {
     int64_t cin, cout, height, width, pad;

@@ -65,7 +65,7 @@ struct Case {
       << "/" << static_cast<int>(b_elem) << (b_transposed ? "T" : "") << " c=" << static_cast<int>(c_elem)
       << " pads=" << a_pad << "," << b_pad << "," << c_pad << " bias=" << row_bias << column_bias
       << " residual=" << residual << residual_in_place << " act=" << static_cast<int>(activation)
-      << " threads=" << threads << " avx2=" << gemm_uses_avx2();
+      << " threads=" << threads << " kernel=" << static_cast<int>(gemm_active_kernel());
     return s.str();
   }
 };
@@ -163,17 +163,23 @@ void check(const Case& t) {
   }
 }
 
-class PackedGemmTest : public ::testing::TestWithParam<bool> {
+// Each micro-kernel family forced in turn; one this CPU lacks is skipped.
+class PackedGemmTest : public ::testing::TestWithParam<GemmKernelChoice> {
  protected:
-  void SetUp() override { set_gemm_kernel_choice(GetParam() ? GemmKernelChoice::Portable : GemmKernelChoice::Best); }
+  void SetUp() override {
+    if (!gemm_kernel_supported(GetParam())) GTEST_SKIP() << "this CPU lacks the kernel";
+    set_gemm_kernel_choice(GetParam());
+    ASSERT_TRUE(GetParam() == GemmKernelChoice::Best || gemm_active_kernel() == GetParam());
+  }
   void TearDown() override { set_gemm_kernel_choice(GemmKernelChoice::Best); }
+  bool portable() const { return GetParam() == GemmKernelChoice::Portable; }
 };
 
 TEST_P(PackedGemmTest, AllSizesPackedBStridedA) {
   for (int64_t m : kSizes)
     for (int64_t n : kSizes)
       for (int64_t k : kSizes) {
-        if (GetParam() && m * n * k > 300000) continue;  // the portable kernel is slow; large sizes below
+        if (portable() && m * n * k > 300000) continue;  // the portable kernel is slow; large sizes below
         check({.m = m, .n = n, .k = k, .threads = (m + n + k) % 2 == 0 ? 2 : 1});
         if (testing::Test::HasFailure()) return;
       }
@@ -183,7 +189,7 @@ TEST_P(PackedGemmTest, AllSizesPackedAStridedB) {
   for (int64_t m : kSizes)
     for (int64_t n : kSizes)
       for (int64_t k : kSizes) {
-        if (GetParam() && m * n * k > 300000) continue;
+        if (portable() && m * n * k > 300000) continue;
         check({.m = m,
                .n = n,
                .k = k,
@@ -266,8 +272,21 @@ TEST_P(PackedGemmTest, ArbitraryValuesWithinTolerance) {
   check({.m = 31, .n = 64, .k = 600, .a = Source::Packed, .b = Source::Strided, .arbitrary_values = true});
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, PackedGemmTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Portable" : "Best"; });
+INSTANTIATE_TEST_SUITE_P(Kernels, PackedGemmTest,
+                         ::testing::Values(GemmKernelChoice::Best, GemmKernelChoice::Portable, GemmKernelChoice::Avx2,
+                                           GemmKernelChoice::Avx512),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case GemmKernelChoice::Portable:
+                               return "Portable";
+                             case GemmKernelChoice::Avx2:
+                               return "Avx2";
+                             case GemmKernelChoice::Avx512:
+                               return "Avx512";
+                             default:
+                               return "Best";
+                           }
+                         });
 
 // The B operand gathered from a convolution input equals the explicit patch matrix.
 TEST(PackedGemm, Im2colOperandMatchesExplicitPatches) {

@@ -103,6 +103,21 @@ TEST(PoolKernels, MaxPool2dMatchesReference) {
         }
 }
 
+// The vectorized 3-wide, stride-2 horizontal pass: every width around its 8-lane steps, with and without padding,
+// NaN propagation included.
+TEST(PoolKernels, ThreeByThreeStrideTwoAllWidths) {
+  for (int64_t width = 1; width <= 41; ++width)
+    for (int64_t pad : {0, 1}) {
+      if (width + 2 * pad < 3) continue;
+      const PoolCase c{
+          "width " + std::to_string(width) + " pad " + std::to_string(pad), {1, 2, 5, width}, {3}, {2}, {pad}, {1}};
+      for (bool with_nan : {false, true}) {
+        check(c, Elem::F32, 1, with_nan);
+        if (testing::Test::HasFailure()) return;
+      }
+    }
+}
+
 TEST(PoolKernels, InvalidAttributesAreLeftToTheReference) {
   KernelTable table;
   add_pool_kernels(table);

@@ -29,6 +29,9 @@ constexpr int64_t kMaxRowBlock = 96;                     // mc: an A block of 96
 constexpr int64_t kMaxColBlock = 512;                    // nc
 constexpr int64_t kPackedBBlockBytes = 3 << 19;          // an on-the-fly B block [k, nc] stays within 1.5 MiB
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 19;  // below this, waking a worker costs more than it saves
+// Whether Best picks the AVX-512 kernels where the CPU has them (on Zen 4, which splits each 512-bit FMA in two,
+// they only save instructions).
+constexpr bool kPreferAvx512 = true;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
@@ -36,6 +39,18 @@ int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 void require(bool condition, const char* what) {
   if (!condition) fail(std::string("packed GEMM: ") + what);
 }
+
+}  // namespace
+
+#ifdef NPUSIM_GEMM_X86
+namespace gemm_detail {
+using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c, int64_t ldc,
+                            bool accumulate);
+PairKernel avx512_kernel(Elem b_elem, bool pair);  // packed_gemm_avx512.cpp
+}  // namespace gemm_detail
+#endif
+
+namespace {
 
 // ---- micro-kernels: c[6, 16] (row stride ldc) = (accumulate ? c : 0) + a-panel · b-panel over kc steps ----
 
@@ -135,9 +150,29 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#ifdef NPUSIM_GEMM_X86
+  static const bool has = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
 std::atomic<GemmKernelChoice> g_choice{GemmKernelChoice::Best};
 
-bool use_avx2() { return g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best && cpu_has_avx2(); }
+// The micro-kernel family products use now.
+GemmKernelChoice active_kernel() {
+  const GemmKernelChoice choice = g_choice.load(std::memory_order_relaxed);
+  if (choice == GemmKernelChoice::Best) {
+    if (kPreferAvx512 && cpu_has_avx512()) return GemmKernelChoice::Avx512;
+    return cpu_has_avx2() ? GemmKernelChoice::Avx2 : GemmKernelChoice::Portable;
+  }
+  return gemm_kernel_supported(choice) ? choice : GemmKernelChoice::Portable;
+}
+
+bool use_avx2() { return active_kernel() != GemmKernelChoice::Portable; }
 
 // The micro-kernel for B panels of `b_elem`; `narrow` when only the first half of the panel's columns count.
 MicroKernel micro_kernel(Elem b_elem, bool avx2, bool narrow) {
@@ -501,13 +536,23 @@ void check_operand(const GemmOperand& operand, GemmSide side, bool prepacked, in
 }
 
 void run_region(const Region& region, const Operands& ops, const GemmSpec& spec, int64_t kc, int64_t mc, int64_t nc,
-                const WorkerBuffers& buffers, bool avx2) {
+                const WorkerBuffers& buffers, GemmKernelChoice kernel) {
+  const bool avx2 = kernel != GemmKernelChoice::Portable;
+#ifdef NPUSIM_GEMM_X86
+  const bool avx512 = kernel == GemmKernelChoice::Avx512;
+#else
+  constexpr bool avx512 = false;
+#endif
   const int64_t k = spec.k;
   const PackedMatrix* packed_a = spec.a_prepacked ? std::get<const PackedMatrix*>(ops.a) : nullptr;
   const PackedMatrix* packed_b = spec.b_prepacked ? std::get<const PackedMatrix*>(ops.b) : nullptr;
   const bool direct_a = packed_a && packed_a->elem() == Elem::F32;
   const Elem b_elem = packed_b ? packed_b->elem() : Elem::F32;
   const MicroKernel micro = micro_kernel(b_elem, avx2, false), narrow = micro_kernel(b_elem, avx2, true);
+#ifdef NPUSIM_GEMM_X86
+  const gemm_detail::PairKernel single512 = avx512 ? gemm_detail::avx512_kernel(b_elem, false) : nullptr;
+  const gemm_detail::PairKernel pair512 = avx512 ? gemm_detail::avx512_kernel(b_elem, true) : nullptr;
+#endif
   const size_t b_es = packed_b ? elem_size(packed_b->elem()) : sizeof(float);
   for (int64_t jc = region.col0; jc < region.col1; jc += nc) {
     const int64_t cols = std::min(nc, region.col1 - jc);
@@ -529,15 +574,30 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           else
             pack_a_strided(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, buffers.a_block);
         }
-        for (int64_t jr = 0; jr < cols; jr += NR) {
-          const std::byte* b_panel =
-              packed_b ? packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es
-                       : reinterpret_cast<const std::byte*>(buffers.b_block + jr / NR * k * NR + pc * NR);
-          for (int64_t ir = 0; ir < rows; ir += MR) {
-            const float* a_panel = direct_a ? reinterpret_cast<const float*>(packed_a->panel((ic + ir) / MR)) + pc * MR
-                                            : buffers.a_block + ir / MR * depth * MR;
-            (cols - jr <= NR / 2 ? narrow : micro)(depth, a_panel, b_panel, buffers.sums + ir * nc + jr, nc, pc > 0);
+        auto b_panel = [&](int64_t jr) {
+          return packed_b ? packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es
+                          : reinterpret_cast<const std::byte*>(buffers.b_block + jr / NR * k * NR + pc * NR);
+        };
+        auto a_panel = [&](int64_t ir) {
+          return direct_a ? reinterpret_cast<const float*>(packed_a->panel((ic + ir) / MR)) + pc * MR
+                          : buffers.a_block + ir / MR * depth * MR;
+        };
+        for (int64_t jr = 0; jr < cols;) {
+          const std::byte* b0 = b_panel(jr);
+#ifdef NPUSIM_GEMM_X86
+          if (avx512) {  // two B panels at a time while two remain (the sums buffer is padded to whole panels)
+            const bool pair = cols - jr > NR;
+            const std::byte* b1 = pair ? b_panel(jr + NR) : b0;
+            for (int64_t ir = 0; ir < rows; ir += MR)
+              (pair ? pair512 : single512)(depth, a_panel(ir), b0, b1, buffers.sums + ir * nc + jr, nc, pc > 0);
+            jr += pair ? 2 * NR : NR;
+            continue;
           }
+#endif
+          const MicroKernel kernel_here = cols - jr <= NR / 2 ? narrow : micro;
+          for (int64_t ir = 0; ir < rows; ir += MR)
+            kernel_here(depth, a_panel(ir), b0, buffers.sums + ir * nc + jr, nc, pc > 0);
+          jr += NR;
         }
       }
       store_rows(buffers.sums, nc, rows, cols, ic, jc, ops.c, ops.epilogue);
@@ -570,7 +630,7 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
   const Grid grid = choose_grid(threads, s, mc_, nc_, !s.a_prepacked || a_bytes > kCachedBytes,
                                 s.b_prepacked && b_bytes > kCachedBytes);
   const int64_t row_panels = ceil_div(s.m, MR), col_panels = ceil_div(s.n, NR);
-  const bool avx2 = use_avx2();
+  const GemmKernelChoice kernel = active_kernel();
   const Operands ops{a, b, c, epilogue};
   auto work_on = [&](int64_t index, int worker) {
     const int64_t r = index / grid.cols, q = index % grid.cols;
@@ -579,7 +639,7 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
     if (region.row0 >= region.row1 || region.col0 >= region.col1) return;
     float* base = scratch.worker_as<float>(worker);
     const WorkerBuffers buffers{base, base + mc_ * nc_, base + mc_ * nc_ + mc_ * kc_};
-    run_region(region, ops, s, kc_, mc_, nc_, buffers, avx2);
+    run_region(region, ops, s, kc_, mc_, nc_, buffers, kernel);
   };
   const int64_t pieces = grid.rows * grid.cols;
   if (pieces == 1) {
@@ -598,11 +658,24 @@ void PackedGemm::run_on_worker(const GemmOperand& a, const GemmOperand& b, const
   check(a, b, c, epilogue);
   float* base = scratch.worker_as<float>(worker);
   const WorkerBuffers buffers{base, base + mc_ * nc_, base + mc_ * nc_ + mc_ * kc_};
-  run_region({0, s.m, 0, s.n}, Operands{a, b, c, epilogue}, s, kc_, mc_, nc_, buffers, use_avx2());
+  run_region({0, s.m, 0, s.n}, Operands{a, b, c, epilogue}, s, kc_, mc_, nc_, buffers, active_kernel());
 }
 
 void set_gemm_kernel_choice(GemmKernelChoice choice) { g_choice.store(choice, std::memory_order_relaxed); }
 
 bool gemm_uses_avx2() { return use_avx2(); }
+
+bool gemm_kernel_supported(GemmKernelChoice choice) {
+  switch (choice) {
+    case GemmKernelChoice::Avx2:
+      return cpu_has_avx2();
+    case GemmKernelChoice::Avx512:
+      return cpu_has_avx512();
+    default:
+      return true;
+  }
+}
+
+GemmKernelChoice gemm_active_kernel() { return active_kernel(); }
 
 }  // namespace npusim::cpu

@@ -6,7 +6,8 @@
 // during the product from a strided matrix (fp32/fp16/bf16) or, for B, straight from a convolution's input
 // (Im2colOperand: no im2col matrix is ever materialized). The product runs on the backend's ThreadPool with packing
 // buffers that PackedGemm reserves per worker in the ScratchSpace when it is planned, so a run allocates nothing.
-// Micro-kernel: 6x16 AVX2+FMA when the CPU has it (checked at run time), portable C++ otherwise.
+// Micro-kernel (chosen at run time by CPU features): 6x32 / 6x16 AVX-512 over one or two B panels, 6x16 AVX2+FMA, or
+// portable C++.
 //
 // Typical use, at prepare time:   PackedMatrix w = PackedMatrix::pack(GemmSide::B, weight, elem, k, n, k, true);
 //                                 PackedGemm gemm({.m = m, .n = n, .k = k, .b_prepacked = true}, ctx.scratch);
@@ -132,11 +133,16 @@ class PackedGemm {
   int64_t kc_ = 0, mc_ = 0, nc_ = 0;  // cache blocking: depth, rows and columns per block
 };
 
-// Which micro-kernel products use: the best one this CPU supports, or the portable one (for tests).
-enum class GemmKernelChoice : uint8_t { Best, Portable };
-// Selects the micro-kernel for all later products (not while a product runs).
+// Which micro-kernel products use: the best one this CPU supports, or a given one (for tests and measurements).
+enum class GemmKernelChoice : uint8_t { Best, Portable, Avx2, Avx512 };
+// Selects the micro-kernel for all later products (not while a product runs); a choice the CPU lacks runs the
+// portable kernel.
 void set_gemm_kernel_choice(GemmKernelChoice choice);
-// True when products use the AVX2+FMA micro-kernel.
+// Whether this CPU can run `choice` (Best and Portable always).
+bool gemm_kernel_supported(GemmKernelChoice choice);
+// The kernel family products use now (never Best).
+GemmKernelChoice gemm_active_kernel();
+// True when products use a vector micro-kernel (AVX2+FMA or AVX-512).
 bool gemm_uses_avx2();
 
 }  // namespace npusim::cpu

@@ -6,6 +6,11 @@
 #include <cmath>
 #include <limits>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define NPUSIM_POOL_X86 1
+#endif
+
 #include "backends/cpu/kernels.h"
 
 namespace npusim::cpu {
@@ -36,6 +41,40 @@ std::optional<std::array<int64_t, 2>> pair_attr(const Attrs& attrs, const std::s
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+#ifdef NPUSIM_POOL_X86
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+
+// The larger of a and b per lane, NaN when either is NaN.
+__attribute__((target("avx2"), always_inline)) inline __m256 nan_max8(__m256 a, __m256 b) {
+  return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+
+// Lanes 0, 2, ..., 14 (even) or 1, 3, ..., 15 (odd) of the 16 floats at src.
+template <int Offset>
+__attribute__((target("avx2"), always_inline)) inline __m256 every_other(const float* src) {
+  const __m256 lo = _mm256_loadu_ps(src), hi = _mm256_loadu_ps(src + 8);
+  constexpr int kPick = Offset == 0 ? _MM_SHUFFLE(2, 0, 2, 0) : _MM_SHUFFLE(3, 1, 3, 1);
+  const __m256 picked = _mm256_shuffle_ps(lo, hi, kPick);  // x0 x2 y0 y2 | x4 x6 y4 y6 (for the even lanes)
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(picked), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+// dst[i] = max(window[2i], window[2i + 1], window[2i + 2]) for i < count, eight at a time while the reads stay
+// within window[0, span); the first index not written.
+__attribute__((target("avx2"))) int64_t max3_stride2_avx2(const float* window, int64_t count, int64_t span,
+                                                          float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= count && 2 * i + 18 <= span; i += 8) {
+    const float* w = window + 2 * i;
+    const __m256 left = every_other<0>(w), middle = every_other<1>(w), right = every_other<0>(w + 2);
+    _mm256_storeu_ps(dst + i, nan_max8(nan_max8(left, middle), right));
+  }
+  return i;
+}
+#endif
+
 // One plane: y[out_h, out_w] from x[in_h, in_w]; `row` holds in_w floats.
 void max_pool_plane(const MaxPoolPlan& p, const float* x, float* y, float* row) {
   const int64_t height = p.in[0], width = p.in[1], out_w = p.out[1];
@@ -45,6 +84,9 @@ void max_pool_plane(const MaxPoolPlan& p, const float* x, float* y, float* row) 
   const int64_t last_reach = (taps_x - 1) * dx - px;  // column of the last tap of output column 0
   const int64_t inner_end =
       std::clamp<int64_t>(width - 1 - last_reach >= 0 ? (width - 1 - last_reach) / sx + 1 : 0, inner_begin, out_w);
+#ifdef NPUSIM_POOL_X86
+  const bool three_by_two = taps_x == 3 && sx == 2 && dx == 1 && cpu_has_avx2();  // ResNet's stem
+#endif
   for (int64_t oy = 0; oy < p.out[0]; ++oy) {
     std::fill(row, row + width, kNegativeInfinity);
     for (int64_t ky = 0; ky < p.kernel[0]; ++ky) {
@@ -63,7 +105,14 @@ void max_pool_plane(const MaxPoolPlan& p, const float* x, float* y, float* row) 
       dst[ox] = best;
     };
     for (int64_t ox = 0; ox < inner_begin; ++ox) edge(ox);
-    for (int64_t ox = inner_begin; ox < inner_end; ++ox) {
+    int64_t vectorized_end = inner_begin;
+#ifdef NPUSIM_POOL_X86
+    if (three_by_two) {
+      const float* window = row + inner_begin * sx - px;
+      vectorized_end += max3_stride2_avx2(window, inner_end - inner_begin, row + width - window, dst + inner_begin);
+    }
+#endif
+    for (int64_t ox = vectorized_end; ox < inner_end; ++ox) {
       const float* window = row + ox * sx - px;
       float best = window[0];
       for (int64_t kx = 1; kx < taps_x; ++kx) best = nan_max(best, window[kx * dx]);

@@ -1,9 +1,14 @@
 #pragma once
-// A small persistent pool: the calling thread plus workers that sleep between jobs. One job at a time.
+// A small persistent pool: the calling thread plus workers. One job at a time.
+//
+// A network runs a few hundred short parallel regions; waking a sleeping thread costs tens of microseconds each time.
+// So workers (and the caller waiting for them) first spin for a short, bounded while on an atomic generation counter,
+// staying hot between the kernels of one run, and only then sleep (atomic wait, a futex on Linux). Pieces are claimed
+// from a shared counter, so a thread that is slow to start (asleep, or descheduled on a busy machine) leaves its piece
+// to whoever is free, the caller included.
 #include <algorithm>
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -20,7 +25,8 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Calls fn(begin, end, worker) over [0, count) split into at most size() contiguous pieces, each a multiple of
-  // `grain` (except the last); worker is in [0, size()) and distinct per piece. `fn` must not throw.
+  // `grain` (except the last); worker is in [0, size()) and distinct among pieces that run at the same time (one
+  // thread may run several pieces one after the other). `fn` must not throw.
   template <typename Fn>
   void parallel_for(int64_t count, int64_t grain, const Fn& fn) {
     if (count <= 0) return;
@@ -37,18 +43,30 @@ class ThreadPool {
             &fn, count, per_piece);
   }
 
+  // How long an idle worker (and the caller waiting for its workers) spins before it sleeps; 0 sleeps at once.
+  // For tests and measurements.
+  void set_spin_microseconds(int64_t microseconds) {
+    spin_ns_.store(std::max<int64_t>(0, microseconds) * 1000, std::memory_order_relaxed);
+  }
+
  private:
   using Trampoline = void (*)(const void* context, int64_t begin, int64_t end, int worker);
   void run_job(Trampoline call, const void* context, int64_t count, int64_t per_piece);
   void worker_loop(int index);
+  // Claims and runs pieces of the job in `ticket` (refreshed as it goes) until none is left; the job last seen.
+  uint32_t run_pieces(uint64_t ticket, int worker);
 
   std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable done_;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stopping_ = false;
+  // The job ticket: generation (high 32 bits), pieces (16 bits), next unclaimed piece (low 16 bits). A new job (or
+  // the stop) is published by storing a new generation after the job's fields are written; claiming a piece is a
+  // compare-and-swap on the ticket, so a piece is only ever claimed for the job its fields describe.
+  std::atomic<uint64_t> ticket_{0};
+  // Bumped after each new ticket; sleeping workers wait on it. 32 bits: a wait on it is a plain futex wait on its own
+  // address (64-bit waits go through a proxy shared in libstdc++).
+  std::atomic<uint32_t> wake_{0};
+  std::atomic<int> done_{0};  // pieces of the current job finished
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> spin_ns_{20'000};  // idle workers read it
   Trampoline call_ = nullptr;
   const void* context_ = nullptr;
   int64_t count_ = 0;

@@ -1,0 +1,81 @@
+// The AVX-512 micro-kernels of the packed GEMM: one A panel (6 rows) against one or two B panels (16 columns
+// each, one zmm register per panel row), so a call covers a 6x16 or 6x32 tile. Compiled for AVX-512 with function
+// attributes only; packed_gemm.cpp calls them when the CPU reports avx512f.
+// GCC 12 warns about the deliberately undefined pass-through operand inside its own AVX-512 conversion intrinsics.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/cpu/packed_gemm.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+namespace npusim::cpu::gemm_detail {
+
+namespace {
+
+constexpr int64_t MR = kGemmTileRows;
+constexpr int64_t NR = kGemmTileCols;
+
+#define NPUSIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+
+template <Elem BE>
+NPUSIM_AVX512 inline __m512 load_b_row(const std::byte* b) {
+  if constexpr (BE == Elem::F32) {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(b));
+  } else if constexpr (BE == Elem::BF16) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  } else {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+  }
+}
+
+template <Elem BE, int Panels>
+NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c,
+                                int64_t ldc, bool accumulate) {
+  constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
+  __m512 s[MR][Panels];
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < Panels; ++q) s[r][q] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a += MR, b0 += kStep, b1 += kStep) {
+    const __m512 x0 = load_b_row<BE>(b0);
+    __m512 x1 = x0;
+    if constexpr (Panels == 2) x1 = load_b_row<BE>(b1);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(a[r]);
+      s[r][0] = _mm512_fmadd_ps(ar, x0, s[r][0]);
+      if constexpr (Panels == 2) s[r][1] = _mm512_fmadd_ps(ar, x1, s[r][1]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    for (int q = 0; q < Panels; ++q) {
+      __m512 sum = s[r][q];
+      if (accumulate) sum = _mm512_add_ps(sum, _mm512_loadu_ps(row + NR * q));
+      _mm512_storeu_ps(row + NR * q, sum);
+    }
+  }
+}
+
+}  // namespace
+
+using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c, int64_t ldc,
+                            bool accumulate);
+
+// The kernel for B panels of `b_elem`, covering two panels (6x32) when `pair`, else one (6x16; b1 unused).
+PairKernel avx512_kernel(Elem b_elem, bool pair) {
+  switch (b_elem) {
+    case Elem::BF16:
+      return pair ? micro_avx512<Elem::BF16, 2> : micro_avx512<Elem::BF16, 1>;
+    case Elem::F16:
+      return pair ? micro_avx512<Elem::F16, 2> : micro_avx512<Elem::F16, 1>;
+    default:
+      return pair ? micro_avx512<Elem::F32, 2> : micro_avx512<Elem::F32, 1>;
+  }
+}
+
+}  // namespace npusim::cpu::gemm_detail
+
+#endif
