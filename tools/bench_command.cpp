@@ -190,15 +190,18 @@ struct ModelWork {
   }
 };
 
-ModelWork model_work(const ModelDir& model, DType storage) {
+// Bytes and FLOPs per token; int8 weight-only quantization stores the matmul weights in one byte each (the
+// per-channel or per-group scales are left out: under 1% of it).
+ModelWork model_work(const ModelDir& model, DType storage, WeightQuantization quantization) {
   const ModelConfig& c = model.config();
   const double element_bytes = static_cast<double>(dtype_size(storage));
   const double elements =
       static_cast<double>(model.weight_bytes()) / static_cast<double>(dtype_size(model.weight_dtype()));
   ModelWork work;
-  work.weight_bytes = elements * element_bytes;
   const double embedding = static_cast<double>(c.vocab_size * c.hidden_size);
   work.matmul_params = c.tie_word_embeddings ? elements : elements - embedding;
+  const double matmul_element_bytes = quantization == WeightQuantization::Int8 ? 1.0 : element_bytes;
+  work.weight_bytes = work.matmul_params * matmul_element_bytes + (elements - work.matmul_params) * element_bytes;
   const double kv_width = static_cast<double>(c.num_key_value_heads * c.head_dim);
   work.kv_bytes_per_pos = 2.0 * static_cast<double>(c.num_hidden_layers) * kv_width * element_bytes;
   // Q.K and P.V: two multiply-adds per head dimension, per query head and layer.
@@ -250,7 +253,7 @@ int bench_model(const Args& args) {
   }
 
   const Spread prefill = spread_of(prefill_ms), step = spread_of(step_ms), decode_run = spread_of(decode_run_ms);
-  const ModelWork work = model_work(model, session.dtype());
+  const ModelWork work = model_work(model, session.dtype(), options.quantize);
   const double middle = static_cast<double>(prompt_tokens) + static_cast<double>(gen_tokens) / 2.0;
   const double prompt_tok_s = static_cast<double>(prompt_tokens) / (prefill.median / 1e3);
   const double prompt_gflops = work.prefill_flops(static_cast<double>(prompt_tokens)) / (prefill.median * 1e6);
