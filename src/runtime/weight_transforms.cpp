@@ -11,8 +11,9 @@ namespace {
 
 std::vector<double> bn_scale(const Tensor& gamma, const Tensor& var, double eps, int64_t channels,
                              const std::string& name) {
-  if (var.numel() != channels) fail(name + ": running_var has " + std::to_string(var.numel()) + " values for " +
-                                    std::to_string(channels) + " channels");
+  if (var.numel() != channels)
+    fail(name + ": running_var has " + std::to_string(var.numel()) + " values for " + std::to_string(channels) +
+         " channels");
   std::vector<double> scale(static_cast<size_t>(channels));
   for (int64_t c = 0; c < channels; ++c) {
     const double g = gamma.defined() && gamma.numel() ? gamma.element_as_double(c) : 1.0;
@@ -78,6 +79,47 @@ void add_derived_weights(const Graph& graph, std::vector<std::pair<ValueId, Tens
     if (!value.transform || !read.count(id)) continue;
     tensors.emplace_back(id, compute(id));
   }
+}
+
+std::vector<Tensor> resolve_weights(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& binding) {
+  std::vector<Tensor> given(graph.values.size());
+  for (const auto& [id, tensor] : binding) {
+    if (id < 0 || static_cast<size_t>(id) >= graph.values.size() || graph.value(id).kind != ValueKind::Weight)
+      fail(graph.source + ": weight binding names value " + std::to_string(id) + ", which is not a weight");
+    const Value& value = graph.value(id);
+    if (tensor.shape() != value.meta.shape)
+      fail(graph.source + ": weight '" + value.weight_key + "' has shape " + shape_string(tensor.shape()) +
+           ", the graph expects " + shape_string(value.meta.shape));
+    given[static_cast<size_t>(id)] = tensor;
+  }
+  std::function<const Tensor&(ValueId, const std::string&)> value_of = [&](ValueId id,
+                                                                           const std::string& user) -> const Tensor& {
+    Tensor& slot = given[static_cast<size_t>(id)];
+    if (slot.defined()) return slot;
+    const Value& value = graph.value(id);
+    for (const std::string* key : {&value.weight_key, &value.name})
+      if (auto it = graph.constants.find(*key); it != graph.constants.end()) return slot = it->second;
+    if (!value.transform)
+      fail(graph.source + ": weight '" + (value.weight_key.empty() ? value.name : value.weight_key) + "' (used by " +
+           user + ") has no value");
+    std::vector<Tensor> sources;
+    for (int32_t source : value.transform->sources)
+      sources.push_back(source < 0 ? Tensor() : value_of(source, "the derived weight '" + value.name + "'"));
+    slot = apply_weight_transform(*value.transform, sources, value.name);
+    if (slot.shape() != value.meta.shape)
+      fail(graph.source + ": weight transform '" + value.transform->kind + "' for '" + value.name + "' gave shape " +
+           shape_string(slot.shape()) + ", expected " + shape_string(value.meta.shape));
+    return slot;
+  };
+  std::vector<Tensor> resolved(graph.values.size());
+  auto resolve = [&](ValueId id, const std::string& user) {
+    if (graph.value(id).kind != ValueKind::Weight || resolved[static_cast<size_t>(id)].defined()) return;
+    resolved[static_cast<size_t>(id)] = value_of(id, user);
+  };
+  for (const Node& node : graph.nodes)
+    for (ValueId id : node.inputs) resolve(id, "node '" + node.name + "'");
+  for (ValueId id : graph.outputs) resolve(id, "the graph outputs");
+  return resolved;
 }
 
 }  // namespace npusim

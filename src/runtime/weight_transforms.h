@@ -19,4 +19,10 @@ Tensor apply_weight_transform(const WeightTransform& transform, std::span<const 
 // be derived; they are computed first).
 void add_derived_weights(const Graph& graph, std::vector<std::pair<ValueId, Tensor>>& tensors);
 
+// What a backend binds at prepare time: by ValueId, the value of every weight a node or a graph output reads (other
+// entries undefined), taken from `binding`, else the graph's constants (by weight key or name), else computed by
+// its transform. Fails naming the graph source and the weight (and who reads it) when a binding entry is not a
+// weight or has the wrong shape, or a weight read has no value.
+std::vector<Tensor> resolve_weights(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& binding);
+
 }  // namespace npusim

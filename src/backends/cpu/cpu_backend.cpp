@@ -8,6 +8,7 @@
 #include "backends/cpu/kernels.h"
 #include "compiler/graph_edit.h"
 #include "npusim/op_registry.h"
+#include "runtime/state_pairs.h"
 #include "runtime/weight_transforms.h"
 
 namespace npusim::cpu {
@@ -99,7 +100,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     if (plan_.values.size() != graph_.values.size())
       fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) +
            " values, the graph has " + std::to_string(graph_.values.size()));
-    choose_elems();
+    elems_ = value_storage_elems(graph_, floats_);
     bind_weights(weights);
     state_ = resolve_state(state, share_state_with);
     place_values();
@@ -169,61 +170,14 @@ class CpuPreparedProgram final : public PreparedProgram {
   // ---- weights ----
 
   void bind_weights(const std::vector<std::pair<ValueId, Tensor>>& binding) {
-    std::vector<Tensor> given(graph_.values.size());
-    for (const auto& [id, tensor] : binding) {
-      if (id < 0 || static_cast<size_t>(id) >= graph_.values.size() || graph_.value(id).kind != ValueKind::Weight)
-        fail(graph_.source + ": weight binding names value " + std::to_string(id) + ", which is not a weight");
-      const Value& value = graph_.value(id);
-      if (tensor.shape() != value.meta.shape)
-        fail(graph_.source + ": weight '" + value.weight_key + "' has shape " + shape_string(tensor.shape()) +
-             ", the graph expects " + shape_string(value.meta.shape));
-      given[static_cast<size_t>(id)] = tensor;
-    }
-    std::function<const Tensor&(ValueId, const std::string&)> value_of = [&](ValueId id,
-                                                                             const std::string& user) -> const Tensor& {
-      Tensor& slot = given[static_cast<size_t>(id)];
-      if (slot.defined()) return slot;
-      const Value& value = graph_.value(id);
-      for (const std::string* key : {&value.weight_key, &value.name})
-        if (auto it = graph_.constants.find(*key); it != graph_.constants.end()) return slot = it->second;
-      if (!value.transform)
-        fail(graph_.source + ": weight '" + (value.weight_key.empty() ? value.name : value.weight_key) + "' (used by " +
-             user + ") has no value");
-      std::vector<Tensor> sources;
-      for (int32_t source : value.transform->sources)
-        sources.push_back(source < 0 ? Tensor() : value_of(source, "the derived weight '" + value.name + "'"));
-      slot = apply_weight_transform(*value.transform, sources, value.name);
-      if (slot.shape() != value.meta.shape)
-        fail(graph_.source + ": weight transform '" + value.transform->kind + "' for '" + value.name + "' gave shape " +
-             shape_string(slot.shape()) + ", expected " + shape_string(value.meta.shape));
-      return slot;
-    };
-    weights_.assign(graph_.values.size(), Tensor());
-    auto bind = [&](ValueId id, const std::string& user) {
-      const Value& value = graph_.value(id);
-      if (value.kind != ValueKind::Weight || weights_[static_cast<size_t>(id)].defined()) return;
-      weights_[static_cast<size_t>(id)] = to_storage_tensor(value_of(id, user), elem_of(id));
-    };
-    for (const Node& node : graph_.nodes)
-      for (ValueId id : node.inputs) bind(id, "node '" + node.name + "'");
-    for (ValueId id : graph_.outputs) bind(id, "the graph outputs");
+    weights_ = resolve_weights(graph_, binding);
+    for (size_t i = 0; i < weights_.size(); ++i)
+      if (weights_[i].defined()) weights_[i] = to_storage_tensor(weights_[i], elem_of(static_cast<ValueId>(i)));
   }
 
   // ---- buffers ----
 
   Elem elem_of(ValueId id) const { return elems_[static_cast<size_t>(id)]; }
-
-  // Floats in the storage dtype, except rotary frequencies: positions multiply them, so they stay fp32.
-  void choose_elems() {
-    elems_.resize(graph_.values.size());
-    for (size_t i = 0; i < graph_.values.size(); ++i) elems_[i] = storage_elem(graph_.values[i].meta.dtype, floats_);
-    for (const Node& node : graph_.nodes) {
-      if (node.op != "rotary_embedding" || node.inputs.empty()) continue;
-      const ValueId frequencies = node.inputs[0];
-      if (graph_.value(frequencies).kind == ValueKind::Weight && is_floating(graph_.value(frequencies).meta.dtype))
-        elems_[static_cast<size_t>(frequencies)] = Elem::F32;
-    }
-  }
 
   size_t storage_bytes(ValueId id) const {
     return static_cast<size_t>(shape_numel(graph_.value(id).meta.shape)) * elem_size(elem_of(id));
@@ -420,41 +374,21 @@ class CpuPreparedProgram final : public PreparedProgram {
     return nullptr;
   }
 
-  ValueId find_io(const std::vector<ValueId>& ids, const std::string& name, const char* what) const {
-    for (ValueId id : ids)
-      if (graph_.value(id).name == name) return id;
-    fail(graph_.source + ": no graph " + what + " named '" + name + "'");
-  }
-
   // Checks the pairs and gives each its memory: the shared program's for the same input, else a new buffer.
   std::vector<StateSlot> resolve_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
                                        const PreparedProgram* share_with) {
     const auto* other = dynamic_cast<const CpuPreparedProgram*>(share_with);
     if (share_with && !other) fail(graph_.source + ": state can only be shared with a program of the CPU backend");
-    const std::vector<std::vector<int32_t>> readers = compiler::consumers(graph_);
     std::vector<StateSlot> slots;
-    for (const auto& [input_name, output_name] : input_output_pairs) {
-      const ValueId input = find_io(graph_.inputs, input_name, "input");
-      const ValueId output = find_io(graph_.outputs, output_name, "output");
-      const std::string pair = "state '" + input_name + "' -> '" + output_name + "'";
-      bool repeated = state_of_input(input_name) != nullptr;
-      for (const StateSlot& slot : slots) repeated = repeated || slot.input == input || slot.output == output;
-      if (repeated) fail(graph_.source + ": " + pair + ": the input or the output is already state");
-      if (graph_.value(input).meta.shape != graph_.value(output).meta.shape || elem_of(input) != elem_of(output))
-        fail(graph_.source + ": " + pair + ": the input " + shape_string(graph_.value(input).meta.shape) +
-             " and the output " + shape_string(graph_.value(output).meta.shape) + " differ in shape or storage");
-      const int32_t producer = graph_.value(output).producer;
-      if (graph_.value(output).kind != ValueKind::NodeOutput || producer < 0 ||
-          plan_.values[static_cast<size_t>(output)].placement == Placement::View)
-        fail(graph_.source + ": " + pair + ": the output is not computed by a kernel of its own");
-      for (int32_t reader : readers[static_cast<size_t>(input)])
-        if (reader != producer)
-          fail(graph_.source + ": " + pair + ": node '" + graph_.nodes[static_cast<size_t>(reader)].name +
-               "' reads the input too, so it cannot be updated in place");
+    for (const StatePair& pair : check_state_pairs(
+             graph_, plan_, input_output_pairs,
+             [this](ValueId input, ValueId output) { return elem_of(input) == elem_of(output); },
+             [this](const std::string&name) { return state_of_input(name) != nullptr; })) {
+      const auto& [input_name, input, output, label] = pair;
       std::shared_ptr<AlignedBuffer> memory;
       if (const StateSlot* shared = other ? other->state_of_input(input_name) : nullptr) {
         if (shared->memory->size() != storage_bytes(input))
-          fail(graph_.source + ": " + pair + ": the shared state holds " + std::to_string(shared->memory->size()) +
+          fail(graph_.source + ": " + label + ": the shared state holds " + std::to_string(shared->memory->size()) +
                " bytes, this program needs " + std::to_string(storage_bytes(input)));
         memory = shared->memory;
       }
@@ -494,7 +428,7 @@ class CpuPreparedProgram final : public PreparedProgram {
 
   // Inputs as check_inputs takes them, except that state inputs may be left out (the state stays as it is).
   void copy_inputs_keeping_state(const std::map<std::string, Tensor>& inputs) {
-    for (const auto& [name, tensor] : inputs) find_io(graph_.inputs, name, "input");
+    for (const auto& [name, tensor] : inputs) find_graph_io(graph_, graph_.inputs, name, "input");
     for (ValueId id : graph_.inputs) {
       const Value& value = graph_.value(id);
       auto it = inputs.find(value.name);

@@ -43,6 +43,18 @@ Elem storage_elem(DType dtype, Elem floats) {
   return dtype == DType::Bool ? Elem::Bool : Elem::I64;
 }
 
+std::vector<Elem> value_storage_elems(const Graph& graph, Elem floats) {
+  std::vector<Elem> elems(graph.values.size());
+  for (size_t i = 0; i < graph.values.size(); ++i) elems[i] = storage_elem(graph.values[i].meta.dtype, floats);
+  for (const Node& node : graph.nodes) {
+    if (node.op != "rotary_embedding" || node.inputs.empty()) continue;
+    const ValueId frequencies = node.inputs[0];
+    if (graph.value(frequencies).kind == ValueKind::Weight && is_floating(graph.value(frequencies).meta.dtype))
+      elems[static_cast<size_t>(frequencies)] = Elem::F32;
+  }
+  return elems;
+}
+
 DType reference_dtype_of(Elem elem) {
   if (is_float_elem(elem)) return DType::Float32;
   return elem == Elem::Bool ? DType::Bool : DType::Int64;

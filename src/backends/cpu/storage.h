@@ -7,8 +7,10 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <vector>
 
 #include "npusim/dtype.h"
+#include "npusim/graph.h"
 #include "npusim/tensor.h"
 
 namespace npusim::cpu {
@@ -22,6 +24,9 @@ inline bool is_float_elem(Elem elem) { return elem == Elem::F32 || elem == Elem:
 Elem float_storage(DType compute_dtype);
 // Storage element of a value of `dtype` when floats are stored as `floats`.
 Elem storage_elem(DType dtype, Elem floats);
+// How every value of a program is stored, by ValueId: floats as `floats`, except rotary frequencies, which stay
+// fp32 because positions multiply them.
+std::vector<Elem> value_storage_elems(const Graph& graph, Elem floats);
 // The dtype of the reference domain a storage element converts to (fp32, int64 or bool).
 DType reference_dtype_of(Elem elem);
 

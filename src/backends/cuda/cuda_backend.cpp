@@ -10,6 +10,7 @@
 #include "backends/cuda/device_kernels.h"
 #include "compiler/graph_edit.h"
 #include "npusim/op_registry.h"
+#include "runtime/state_pairs.h"
 #include "runtime/weight_transforms.h"
 
 namespace npusim::cuda {
@@ -120,7 +121,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     ensure_device();
     NPUSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                       graph_.source + ": creating a stream");
-    choose_elems();
+    elems_ = cpu::value_storage_elems(graph_, floats_);
     upload_weights(weights);
     state_ = resolve_state(state, share_state_with);
     place_values();
@@ -214,60 +215,12 @@ class CudaPreparedProgram final : public PreparedProgram {
     return static_cast<size_t>(shape_numel(graph_.value(id).meta.shape)) * cpu::elem_size(elem_of(id));
   }
 
-  // Floats in the storage dtype, except rotary frequencies: positions multiply them, so they stay fp32.
-  void choose_elems() {
-    elems_.resize(graph_.values.size());
-    for (size_t i = 0; i < graph_.values.size(); ++i) elems_[i] = storage_elem(graph_.values[i].meta.dtype, floats_);
-    for (const Node& node : graph_.nodes) {
-      if (node.op != "rotary_embedding" || node.inputs.empty()) continue;
-      const ValueId frequencies = node.inputs[0];
-      if (graph_.value(frequencies).kind == ValueKind::Weight && is_floating(graph_.value(frequencies).meta.dtype))
-        elems_[static_cast<size_t>(frequencies)] = Elem::F32;
-    }
-  }
-
   // Every weight a node or the outputs read, in storage form, uploaded into one allocation.
   void upload_weights(const std::vector<std::pair<ValueId, Tensor>>& binding) {
-    std::vector<Tensor> given(graph_.values.size());
-    for (const auto& [id, tensor] : binding) {
-      if (id < 0 || static_cast<size_t>(id) >= graph_.values.size() || graph_.value(id).kind != ValueKind::Weight)
-        fail(graph_.source + ": weight binding names value " + std::to_string(id) + ", which is not a weight");
-      const Value& value = graph_.value(id);
-      if (tensor.shape() != value.meta.shape)
-        fail(graph_.source + ": weight '" + value.weight_key + "' has shape " + shape_string(tensor.shape()) +
-             ", the graph expects " + shape_string(value.meta.shape));
-      given[static_cast<size_t>(id)] = tensor;
-    }
-    std::function<const Tensor&(ValueId, const std::string&)> value_of = [&](ValueId id,
-                                                                             const std::string& user) -> const Tensor& {
-      Tensor& slot = given[static_cast<size_t>(id)];
-      if (slot.defined()) return slot;
-      const Value& value = graph_.value(id);
-      for (const std::string* key : {&value.weight_key, &value.name})
-        if (auto it = graph_.constants.find(*key); it != graph_.constants.end()) return slot = it->second;
-      if (!value.transform)
-        fail(graph_.source + ": weight '" + (value.weight_key.empty() ? value.name : value.weight_key) + "' (used by " +
-             user + ") has no value");
-      std::vector<Tensor> sources;
-      for (int32_t source : value.transform->sources)
-        sources.push_back(source < 0 ? Tensor() : value_of(source, "the derived weight '" + value.name + "'"));
-      slot = apply_weight_transform(*value.transform, sources, value.name);
-      if (slot.shape() != value.meta.shape)
-        fail(graph_.source + ": weight transform '" + value.transform->kind + "' for '" + value.name + "' gave shape " +
-             shape_string(slot.shape()) + ", expected " + shape_string(value.meta.shape));
-      return slot;
-    };
+    const std::vector<Tensor> given = resolve_weights(graph_, binding);
     std::vector<ValueId> used;
-    std::vector<bool> seen(graph_.values.size(), false);
-    auto use = [&](ValueId id, const std::string& user) {
-      if (graph_.value(id).kind != ValueKind::Weight || seen[static_cast<size_t>(id)]) return;
-      seen[static_cast<size_t>(id)] = true;
-      value_of(id, user);
-      used.push_back(id);
-    };
-    for (const Node& node : graph_.nodes)
-      for (ValueId id : node.inputs) use(id, "node '" + node.name + "'");
-    for (ValueId id : graph_.outputs) use(id, "the graph outputs");
+    for (size_t i = 0; i < given.size(); ++i)
+      if (given[i].defined()) used.push_back(static_cast<ValueId>(i));
 
     size_t total = 0;
     for (ValueId id : used) total += aligned(storage_bytes(id));
@@ -605,7 +558,7 @@ class CudaPreparedProgram final : public PreparedProgram {
   // ---- inputs and outputs ----
 
   void copy_inputs(const std::map<std::string, Tensor>& inputs) {
-    for (const auto& [name, tensor] : inputs) find_io(graph_.inputs, name, "input");
+    for (const auto& [name, tensor] : inputs) find_graph_io(graph_, graph_.inputs, name, "input");
     if (state_.empty()) check_inputs(graph_, inputs);
     for (ValueId id : graph_.inputs) {
       const Value& value = graph_.value(id);
@@ -657,12 +610,6 @@ class CudaPreparedProgram final : public PreparedProgram {
     return outputs;
   }
 
-  ValueId find_io(const std::vector<ValueId>& ids, const std::string& name, const char* what) const {
-    for (ValueId id : ids)
-      if (graph_.value(id).name == name) return id;
-    fail(graph_.source + ": no graph " + what + " named '" + name + "'");
-  }
-
   // ---- state ----
 
   const StateSlot* state_of_input(const std::string& name) const {
@@ -685,30 +632,16 @@ class CudaPreparedProgram final : public PreparedProgram {
                                        const PreparedProgram* share_with) {
     const auto* other = dynamic_cast<const CudaPreparedProgram*>(share_with);
     if (share_with && !other) fail(graph_.source + ": state can only be shared with a program of the CUDA backend");
-    const std::vector<std::vector<int32_t>> readers = compiler::consumers(graph_);
     std::vector<StateSlot> slots;
-    for (const auto& [input_name, output_name] : input_output_pairs) {
-      const ValueId input = find_io(graph_.inputs, input_name, "input");
-      const ValueId output = find_io(graph_.outputs, output_name, "output");
-      const std::string pair = "state '" + input_name + "' -> '" + output_name + "'";
-      bool repeated = state_of_input(input_name) != nullptr;
-      for (const StateSlot& slot : slots) repeated = repeated || slot.input == input || slot.output == output;
-      if (repeated) fail(graph_.source + ": " + pair + ": the input or the output is already state");
-      if (graph_.value(input).meta.shape != graph_.value(output).meta.shape || elem_of(input) != elem_of(output))
-        fail(graph_.source + ": " + pair + ": the input " + shape_string(graph_.value(input).meta.shape) +
-             " and the output " + shape_string(graph_.value(output).meta.shape) + " differ in shape or storage");
-      const int32_t producer = graph_.value(output).producer;
-      if (graph_.value(output).kind != ValueKind::NodeOutput || producer < 0 ||
-          plan_.values[static_cast<size_t>(output)].placement == Placement::View)
-        fail(graph_.source + ": " + pair + ": the output is not computed by a kernel of its own");
-      for (int32_t reader : readers[static_cast<size_t>(input)])
-        if (reader != producer)
-          fail(graph_.source + ": " + pair + ": node '" + graph_.nodes[static_cast<size_t>(reader)].name +
-               "' reads the input too, so it cannot be updated in place");
+    for (const StatePair& pair : check_state_pairs(
+             graph_, plan_, input_output_pairs,
+             [this](ValueId input, ValueId output) { return elem_of(input) == elem_of(output); },
+             [this](const std::string&name) { return state_of_input(name) != nullptr; })) {
+      const auto& [input_name, input, output, label] = pair;
       std::shared_ptr<DeviceBuffer> memory;
       if (const StateSlot* shared = other ? other->state_of_input(input_name) : nullptr) {
         if (shared->memory->size() != storage_bytes(input))
-          fail(graph_.source + ": " + pair + ": the shared state holds " + std::to_string(shared->memory->size()) +
+          fail(graph_.source + ": " + label + ": the shared state holds " + std::to_string(shared->memory->size()) +
                " bytes, this program needs " + std::to_string(storage_bytes(input)));
         memory = shared->memory;
       }
