@@ -7,22 +7,13 @@
 #include <filesystem>
 #include <string>
 
+#include "work_dir.h"
+
 namespace npusim::test {
 
 inline const std::string kData = NPUSIM_TEST_DATA;
 inline const std::string kFixtures = kData + "/fixtures";
 inline const std::string kPython = "/usr/bin/python3";
-
-// ctest runs each test in its own process, in parallel: each test gets a folder of its own so that no two
-// processes ever write the same file.
-inline std::string work_dir(const std::string& name) {
-  std::filesystem::path dir = NPUSIM_WORK_DIR;
-  if (const auto* info = ::testing::UnitTest::GetInstance()->current_test_info())
-    dir /= std::string(info->test_suite_name()) + "." + info->name();
-  dir /= name;
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
 
 struct CommandResult {
   int exit_code = -1;

@@ -11,8 +11,8 @@
 #include "compiler/graph_edit.h"
 #include "compiler/pass.h"
 #include "ir/torch_ir_reader.h"
-#include "npusim/op_registry.h"
 #include "llm/model_config.h"
+#include "npusim/op_registry.h"
 #include "runtime/backend.h"
 #include "runtime/bisect.h"
 #include "runtime/compare.h"
@@ -20,6 +20,7 @@
 #include "runtime/reference_executor.h"
 #include "runtime/weight_store.h"
 #include "runtime/weight_transforms.h"
+#include "work_dir.h"
 
 namespace npusim {
 namespace {
@@ -31,8 +32,8 @@ std::vector<std::pair<ValueId, Tensor>> random_weights(const Graph& graph) {
   for (ValueId id : graph.weights) {
     const Value& value = graph.value(id);
     if (value.transform) continue;
-    weights.emplace_back(id, graph.constants.count(value.weight_key) ? graph.constants.at(value.weight_key)
-                                                                     : random_weight(value, 3));
+    weights.emplace_back(
+        id, graph.constants.count(value.weight_key) ? graph.constants.at(value.weight_key) : random_weight(value, 3));
   }
   add_derived_weights(graph, weights);
   return weights;
@@ -76,8 +77,7 @@ NamedTensors run_compiled(const Graph& graph, const compiler::CompileOptions& op
                           const std::map<std::string, Tensor>& inputs) {
   const Program program = compiler::compile_graph(graph, options);
   auto backend = make_backend("cpu");
-  auto prepared =
-      backend->prepare(program, real_weights ? tiny_weights(program.graph) : random_weights(program.graph));
+  auto prepared = backend->prepare(program, real_weights ? tiny_weights(program.graph) : random_weights(program.graph));
   return prepared->run(inputs);
 }
 
@@ -86,8 +86,8 @@ void expect_close(const NamedTensors& actual, const NamedTensors& expected, cons
   for (size_t i = 0; i < actual.size(); ++i) {
     EXPECT_EQ(actual[i].first, expected[i].first) << label;
     const Comparison c = compare_tensors(actual[i].second, expected[i].second);
-    EXPECT_LE(c.max_abs_diff, 1e-4 * std::max(1.0, c.max_abs_reference)) << label << " " << actual[i].first << ": "
-                                                                          << c.summary();
+    EXPECT_LE(c.max_abs_diff, 1e-4 * std::max(1.0, c.max_abs_reference))
+        << label << " " << actual[i].first << ": " << c.summary();
   }
 }
 
@@ -95,8 +95,9 @@ TEST(Compiler, EveryPassOnAndOffMatchesTheReference) {
   for (const Model& model : {Model{"/ir/resnet18_ir.json", false}, Model{"/qwen_tiny/prefill_ir.json", true},
                              Model{"/qwen_tiny/decode_ir.json", true}}) {
     const Graph graph = read_torch_ir(kFixtures + model.path);
-    const auto inputs = model.real_weights ? tiny_inputs(graph) : std::map<std::string, Tensor>{
-                                                                      {"x", random_input(graph.value(graph.inputs[0]), 2)}};
+    const auto inputs = model.real_weights
+                            ? tiny_inputs(graph)
+                            : std::map<std::string, Tensor>{{"x", random_input(graph.value(graph.inputs[0]), 2)}};
     const ReferenceExecutor reference(graph, model.real_weights ? tiny_weights(graph) : random_weights(graph));
     const NamedTensors expected = reference.run(inputs);
 
@@ -111,15 +112,15 @@ TEST(Compiler, EveryPassOnAndOffMatchesTheReference) {
                    model.path + " without " + pass.name);
       compiler::CompileOptions only = none;
       only.disabled_passes.erase(pass.name);
-      expect_close(run_compiled(graph, only, model.real_weights, inputs), expected,
-                   model.path + " only " + pass.name);
+      expect_close(run_compiled(graph, only, model.real_weights, inputs), expected, model.path + " only " + pass.name);
     }
   }
 }
 
 // conv (no bias) -> batch_norm with non-trivial statistics: the folded shift must survive as a new bias.
 TEST(Compiler, BatchNormFoldIntoBiasFreeConvKeepsTheShift) {
-  const std::string ir = R"({"model_name": "ConvBn", "graph_inputs": [{"name": "x", "shape": [1, 2, 5, 5], "dtype": "float32"}],
+  const std::string ir =
+      R"({"model_name": "ConvBn", "graph_inputs": [{"name": "x", "shape": [1, 2, 5, 5], "dtype": "float32"}],
     "graph_outputs": [{"name": "batch_norm", "shape": [1, 3, 5, 5], "dtype": "float32"}],
     "weights": [{"name": "conv.weight", "shape": [3, 2, 3, 3], "dtype": "float32"},
                 {"name": "bn.weight", "shape": [3], "dtype": "float32"}, {"name": "bn.bias", "shape": [3], "dtype": "float32"},
@@ -171,8 +172,7 @@ TEST(Compiler, BatchNormFoldIntoBiasFreeConvKeepsTheShift) {
 
 TEST(Compiler, TargetWithoutAnOpReportsFallbackOrFails) {
   const Graph graph = read_torch_ir(kFixtures + "/qwen_tiny/decode_ir.json");
-  const std::string path = std::string(NPUSIM_WORK_DIR) + "/no_softmax_target.json";
-  std::filesystem::create_directories(NPUSIM_WORK_DIR);
+  const std::string path = test::work_dir() + "/no_softmax_target.json";
   {
     std::ofstream out(path);
     std::set<std::string> ops;

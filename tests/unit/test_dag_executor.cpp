@@ -25,6 +25,7 @@
 #include "runtime/safetensors.h"
 #include "runtime/weight_store.h"
 #include "unit/graph_test_util.h"
+#include "work_dir.h"
 
 namespace npusim {
 namespace {
@@ -45,8 +46,7 @@ Tensor pattern(const Shape& shape, double seed) {
 }
 
 std::string write_target(const std::string& name, const std::string& json) {
-  std::filesystem::create_directories(NPUSIM_WORK_DIR);
-  const std::string path = std::string(NPUSIM_WORK_DIR) + "/" + name;
+  const std::string path = test::work_dir() + "/" + name;
   std::ofstream(path) << json;
   return path;
 }

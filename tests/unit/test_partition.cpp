@@ -22,6 +22,7 @@
 #include "runtime/backend.h"
 #include "runtime/coverage.h"
 #include "unit/graph_test_util.h"
+#include "work_dir.h"
 
 namespace npusim {
 namespace {
@@ -515,8 +516,7 @@ TEST(Partition, RandomDagsGiveConvexAcyclicMaximalAndFewestPartitions) {
 // Compiling with partitions
 
 std::string write_target(const std::string& name, const std::string& json) {
-  std::filesystem::create_directories(NPUSIM_WORK_DIR);
-  const std::string path = std::string(NPUSIM_WORK_DIR) + "/" + name;
+  const std::string path = test::work_dir() + "/" + name;
   std::ofstream(path) << json;
   return path;
 }
