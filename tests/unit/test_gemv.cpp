@@ -2,6 +2,7 @@
 // for each weight type, both implementations and one or two threads, and the int8 quantization's error bounds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -137,6 +138,11 @@ void check_product(const TestWeight& w, int64_t m, const std::vector<float>& x, 
                       .y = reinterpret_cast<std::byte*>(y.data()),
                       .y_elem = Elem::F32,
                       .ldy = ldy};
+  // Activations that are bf16 values come as bf16 too, as a bf16 model's do.
+  std::vector<uint16_t> x_bf16;
+  for (float v : x) x_bf16.push_back(float_to_bf16(v));
+  if (std::equal(x.begin(), x.end(), x_bf16.begin(), [](float v, uint16_t b) { return v == bf16_bits_to_float(b); }))
+    problem.x_bf16 = x_bf16.data();
   if (!bias.empty()) {
     problem.bias = reinterpret_cast<const std::byte*>(bias.data());
     problem.bias_count = static_cast<int64_t>(bias.size());
@@ -152,9 +158,33 @@ void check_product(const TestWeight& w, int64_t m, const std::vector<float>& x, 
   }
 }
 
-bool avx2_available() {
+// The implementations this CPU can run.
+std::vector<GemvIsa> available_isas() {
   force_gemv_isa(std::nullopt);
-  return gemv_isa() == GemvIsa::Avx2;
+  std::vector<GemvIsa> isas;
+  for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2, GemvIsa::Avx512Bf16})
+    if (isa <= gemv_isa()) isas.push_back(isa);
+  return isas;
+}
+
+const char* isa_name(GemvIsa isa) {
+  switch (isa) {
+    case GemvIsa::Portable:
+      return "portable";
+    case GemvIsa::Avx2:
+      return "avx2";
+    case GemvIsa::Avx512Bf16:
+      return "avx512bf16";
+  }
+  return "?";
+}
+
+// The bf16 dot products need activations that are bf16 values: the tests round them for that implementation.
+std::vector<float> activations_for(GemvIsa isa, const std::vector<float>& x) {
+  if (isa != GemvIsa::Avx512Bf16) return x;
+  std::vector<float> rounded;
+  for (float v : x) rounded.push_back(bf16_bits_to_float(float_to_bf16(v)));
+  return rounded;
 }
 
 class GemvTest : public ::testing::TestWithParam<GemvWeightType> {
@@ -168,16 +198,15 @@ TEST_P(GemvTest, EveryShapeMatchesADoublePrecisionProduct) {
     for (int64_t k : kSizes) {
       const TestWeight w = make_weight(GetParam(), n, k);
       for (int64_t m : {1, 2, 3, 7}) {
-        const std::vector<float> x = random_floats(m * k, static_cast<uint64_t>(m * 31 + k));
-        const Expected expected = naive_product(x, m, w, {});
-        for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2}) {
-          if (isa == GemvIsa::Avx2 && !avx2_available()) continue;
+        const std::vector<float> random = random_floats(m * k, static_cast<uint64_t>(m * 31 + k));
+        for (GemvIsa isa : available_isas()) {
+          const std::vector<float> x = activations_for(isa, random);
+          const Expected expected = naive_product(x, m, w, {});
           force_gemv_isa(isa);
           for (ThreadPool* pool : {&one, &two}) {
-            const std::string label = std::string(type_name(GetParam())) +
-                                      (isa == GemvIsa::Avx2 ? " avx2" : " portable") + " m=" + std::to_string(m) +
-                                      " n=" + std::to_string(n) + " k=" + std::to_string(k) +
-                                      " threads=" + std::to_string(pool->size());
+            const std::string label = std::string(type_name(GetParam())) + " " + isa_name(isa) +
+                                      " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                                      " k=" + std::to_string(k) + " threads=" + std::to_string(pool->size());
             check_product(w, m, x, {}, expected, *pool, label);
             if (HasFatalFailure()) return;
           }
@@ -188,12 +217,11 @@ TEST_P(GemvTest, EveryShapeMatchesADoublePrecisionProduct) {
 
 TEST_P(GemvTest, AddsTheBiasPerColumnOrOnce) {
   ThreadPool pool(2);
-  for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2}) {
-    if (isa == GemvIsa::Avx2 && !avx2_available()) continue;
+  for (GemvIsa isa : available_isas()) {
     force_gemv_isa(isa);
     for (int64_t m : {1, 5}) {
       const TestWeight w = make_weight(GetParam(), 37, 45);
-      const std::vector<float> x = random_floats(m * 45, 3);
+      const std::vector<float> x = activations_for(isa, random_floats(m * 45, 3));
       for (const std::vector<float>& bias : {random_floats(37, 4), std::vector<float>{0.75f}})
         check_product(w, m, x, bias, naive_product(x, m, w, bias), pool, "bias of " + std::to_string(bias.size()));
     }
@@ -240,8 +268,7 @@ TEST(Gemv, StoresBf16Outputs) {
 
 TEST(Gemv, GroupedInt8ScalesMatchTheDequantizedProduct) {
   ThreadPool pool(2);
-  for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2}) {
-    if (isa == GemvIsa::Avx2 && !avx2_available()) continue;
+  for (GemvIsa isa : available_isas()) {
     force_gemv_isa(isa);
     for (int64_t group : {8, 16, 32, 64})
       for (int64_t k : {8, 17, 100, 257}) {

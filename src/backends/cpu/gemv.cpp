@@ -56,6 +56,31 @@ struct ActivationScratch {
   std::vector<float> scales;
 };
 
+// A bf16 weight vector of 16 values widens to two fp32 vectors without a shuffle: 32-bit lane i holds weights 2i
+// (low half) and 2i+1 (high half), so shifting the lane left by 16 gives the even weights and clearing the low half
+// the odd ones. The activations are reordered once per call to match (per 16 values: the 8 even, then the 8 odd);
+// a single-row product then costs one load, one integer op and one FMA per 8 weights and reads one memory stream.
+constexpr int64_t kPairBlock = 16;
+
+// What the kernels read besides the weight, prepared once per call by the calling thread.
+struct Activations {
+  const Int8Activations* int8 = nullptr;  // int8 weight on AVX2
+  const float* paired = nullptr;          // bf16 weight, one row of activations, AVX2: x reordered in pairs
+  const uint16_t* bf16 = nullptr;         // bf16 weight, one row of activations given as bf16, AVX-512 BF16
+};
+
+bool paired_products(const GemvProblem& p) { return p.weight.type == GemvWeightType::BF16 && p.m == 1; }
+
+void pair_activations(const float* x, int64_t k, float* out) {
+  const int64_t whole = k / kPairBlock * kPairBlock;
+  for (int64_t b = 0; b < whole; b += kPairBlock)
+    for (int64_t t = 0; t < kPairBlock / 2; ++t) {
+      out[b + t] = x[b + 2 * t];
+      out[b + kPairBlock / 2 + t] = x[b + 2 * t + 1];
+    }
+  std::copy(x + whole, x + k, out + whole);
+}
+
 bool int8_products(const GemvWeight& w) {
   return w.type == GemvWeightType::Int8 && w.k >= kActivationBlock &&
          (w.group >= w.k || w.group % kActivationBlock == 0);
@@ -254,6 +279,36 @@ void avx2_single_row(const GemvProblem& p, int64_t j) {
   for (; i < whole; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(p.x + i), L::load(row + i), acc[0]);
   float sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
   for (; i < k; ++i) sum += p.x[i] * widen_scalar<L>(row + i);
+  store_result(p, 0, j, sum);
+}
+
+NPUSIM_GEMV_INLINE __m256 even_of(__m256i pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
+NPUSIM_GEMV_INLINE __m256 odd_of(__m256i pairs) {
+  return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// A bf16 weight row against activations reordered by pair_activations; see kPairBlock.
+void avx2_bf16_paired_row(const GemvProblem& p, const float* x, int64_t j) {
+  const int64_t k = p.weight.k, whole = k / kPairBlock * kPairBlock;
+  const uint16_t* row = static_cast<const uint16_t*>(p.weight.values) + j * k;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 2 * kPairBlock <= whole; i += 2 * kPairBlock) {
+    const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i));
+    const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i + kPairBlock));
+    acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), even_of(first), acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), odd_of(first), acc[1]);
+    acc[2] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), even_of(second), acc[2]);
+    acc[3] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), odd_of(second), acc[3]);
+  }
+  if (i < whole) {
+    const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i));
+    acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), even_of(last), acc[0]);
+    acc[1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), odd_of(last), acc[1]);
+    i += kPairBlock;
+  }
+  float sum = horizontal_sum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+  for (; i < k; ++i) sum += x[i] * bf16_bits_to_float(row[i]);
   store_result(p, 0, j, sum);
 }
 
@@ -485,6 +540,35 @@ void avx2_columns(const GemvProblem& p, int64_t begin, int64_t end) {
   }
 }
 
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+// GCC 12's _mm512_reduce_add_ps starts from _mm256_undefined_pd(), which -Wuninitialized reports.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// A bf16 weight row against bf16 activations: each vdpbf16ps multiplies 32 pairs exactly and adds them in fp32.
+void avx512_bf16_row(const GemvProblem& p, int64_t j) {
+  const int64_t k = p.weight.k;
+  const uint16_t* row = static_cast<const uint16_t*>(p.weight.values) + j * k;
+  const uint16_t* x = p.x_bf16;
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 64 <= k; i += 64)
+#pragma GCC unroll 2
+    for (int u = 0; u < 2; ++u)
+      acc[u] = _mm512_dpbf16_ps(acc[u], reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i + 32 * u)),
+                                reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + i + 32 * u)));
+  for (; i < k; i += 32) {
+    const __mmask32 live = static_cast<__mmask32>(k - i >= 32 ? ~0u : (1u << (k - i)) - 1);
+    acc[0] = _mm512_dpbf16_ps(acc[0], reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(live, x + i)),
+                              reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(live, row + i)));
+  }
+  store_result(p, 0, j, _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])));
+}
+
+#pragma GCC diagnostic pop
 #undef NPUSIM_GEMV_INLINE
 #pragma GCC pop_options
 #endif
@@ -498,8 +582,19 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512_bf16() {
+#ifdef NPUSIM_GEMV_X86
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 GemvIsa detected_isa() {
-  static const GemvIsa isa = cpu_has_avx2() ? GemvIsa::Avx2 : GemvIsa::Portable;
+  static const GemvIsa isa = !cpu_has_avx2()         ? GemvIsa::Portable
+                             : cpu_has_avx512_bf16() ? GemvIsa::Avx512Bf16
+                                                     : GemvIsa::Avx2;
   return isa;
 }
 
@@ -528,29 +623,55 @@ GemvIsa gemv_isa() {
 }
 
 void force_gemv_isa(std::optional<GemvIsa> isa) {
-  if (isa == GemvIsa::Avx2 && detected_isa() != GemvIsa::Avx2)
-    fail("gemv: this CPU lacks AVX2, FMA or F16C, so the AVX2 kernels cannot be forced");
+  if (isa && *isa > detected_isa())
+    fail(std::string("gemv: this CPU lacks ") + (*isa == GemvIsa::Avx2 ? "AVX2, FMA or F16C" : "AVX-512 BF16") +
+         ", so its kernels cannot be forced");
   forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
 }
 
 namespace {
 
-// Quantizes the activations when the products will use them (AVX2 with an int8 weight); false otherwise.
-bool prepare_activations([[maybe_unused]] const GemvProblem& p, [[maybe_unused]] Int8Activations& out) {
+// Scratch of the thread that prepares activations; grows, never shrinks, so steady-state calls allocate nothing.
+struct PreparedScratch {
+  ActivationScratch int8;
+  std::vector<float> paired;
+  Int8Activations quantized;
+};
+
+// Prepares what the AVX2 kernels read besides the weight (nothing for the portable ones); the result lives in the
+// calling thread's scratch until its next call.
+Activations prepare_activations([[maybe_unused]] const GemvProblem& p) {
+  Activations prepared;
 #ifdef NPUSIM_GEMV_X86
-  if (gemv_isa() == GemvIsa::Avx2 && int8_products(p.weight)) {
-    static thread_local ActivationScratch scratch;
-    avx2_quantize_activations(p, scratch, out);
-    return true;
+  const GemvIsa isa = gemv_isa();
+  if (isa == GemvIsa::Portable) return prepared;
+  static thread_local PreparedScratch scratch;
+  if (isa == GemvIsa::Avx512Bf16 && paired_products(p) && p.x_bf16) {
+    prepared.bf16 = p.x_bf16;
+  } else if (int8_products(p.weight)) {
+    avx2_quantize_activations(p, scratch.int8, scratch.quantized);
+    prepared.int8 = &scratch.quantized;
+  } else if (paired_products(p)) {
+    scratch.paired.resize(static_cast<size_t>(p.weight.k));
+    pair_activations(p.x, p.weight.k, scratch.paired.data());
+    prepared.paired = scratch.paired.data();
   }
 #endif
-  return false;
+  return prepared;
 }
 
-void run_columns(const GemvProblem& p, const Int8Activations* activations, int64_t begin, int64_t end) {
+void run_columns(const GemvProblem& p, const Activations& activations, int64_t begin, int64_t end) {
 #ifdef NPUSIM_GEMV_X86
-  if (activations) return avx2_int8_columns(p, *activations, begin, end);
-  if (gemv_isa() == GemvIsa::Avx2) return avx2_columns(p, begin, end);
+  if (activations.int8) return avx2_int8_columns(p, *activations.int8, begin, end);
+  if (activations.bf16) {
+    for (int64_t j = begin; j < end; ++j) avx512_bf16_row(p, j);
+    return;
+  }
+  if (activations.paired) {
+    for (int64_t j = begin; j < end; ++j) avx2_bf16_paired_row(p, activations.paired, j);
+    return;
+  }
+  if (gemv_isa() != GemvIsa::Portable) return avx2_columns(p, begin, end);
 #endif
   portable_columns(p, begin, end);
 }
@@ -562,16 +683,14 @@ void gemv_columns(const GemvProblem& problem, int64_t begin, int64_t end) {
   begin = std::max<int64_t>(begin, 0);
   end = std::min(end, problem.weight.n);
   if (begin >= end) return;
-  Int8Activations activations;
-  run_columns(problem, prepare_activations(problem, activations) ? &activations : nullptr, begin, end);
+  run_columns(problem, prepare_activations(problem), begin, end);
 }
 
 void gemv(const GemvProblem& problem, ThreadPool& pool) {
   check_problem(problem);
   const int64_t n = problem.weight.n;
   if (n <= 0) return;
-  Int8Activations quantized;
-  const Int8Activations* activations = prepare_activations(problem, quantized) ? &quantized : nullptr;
+  const Activations activations = prepare_activations(problem);
   if (n * problem.weight.k * problem.m < kParallelWork || pool.size() == 1) {
     run_columns(problem, activations, 0, n);
     return;

@@ -4,8 +4,9 @@
 // the speed. Weights stay in their storage form (fp32, fp16, bf16, or int8 with scales) and are widened to fp32
 // in registers; several weight rows are walked together so that each activation load serves them all. With an int8
 // weight on AVX2 the activations are quantized too (int8, one scale per block of 32 values along k) and the products
-// run on 8-bit integer multiply-adds; the portable path keeps fp32 activations. Work is split over the pool by
-// output columns (weight rows); nothing is allocated per call once a thread has seen its largest problem.
+// run on 8-bit integer multiply-adds; with a bf16 weight, one activation row and the same row given as bf16, CPUs
+// with AVX-512 BF16 multiply bf16 pairs directly; the portable path keeps fp32 activations. Work is split over the pool
+// by output columns (weight rows); nothing is allocated per call once a thread has seen its largest problem.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -37,6 +38,7 @@ struct GemvProblem {
   int64_t m = 1;
   const float* x = nullptr;
   int64_t ldx = 0;
+  const uint16_t* x_bf16 = nullptr;  // optional: x as bf16 bits, equal to x exactly (a bf16 activation widened)
   GemvWeight weight;
   const std::byte* bias = nullptr;
   Elem bias_elem = Elem::F32;
@@ -51,10 +53,11 @@ void gemv_columns(const GemvProblem& problem, int64_t begin, int64_t end);
 // All columns, split over the pool.
 void gemv(const GemvProblem& problem, ThreadPool& pool);
 
-// Which implementation runs: chosen once from the CPU's features; tests may force the portable one.
-enum class GemvIsa : uint8_t { Portable, Avx2 };
+// Which implementation runs: chosen once from the CPU's features; tests may force a lesser one. Avx512Bf16 is the
+// AVX2 kernels plus bf16 dot products (vdpbf16ps) for bf16 weights.
+enum class GemvIsa : uint8_t { Portable, Avx2, Avx512Bf16 };
 GemvIsa gemv_isa();
-// Forces an implementation (nullopt: back to the CPU's choice). Forcing Avx2 on a CPU without it fails.
+// Forces an implementation (nullopt: back to the CPU's choice). Forcing one the CPU lacks fails.
 void force_gemv_isa(std::optional<GemvIsa> isa);
 
 // A weight quantized to symmetric int8, owned.

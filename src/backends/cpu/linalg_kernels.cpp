@@ -88,6 +88,7 @@ Kernel gemv_linear(const KernelContext& ctx, const LinearShape& s, std::shared_p
   Kernel kernel;
   kernel.run = [problem, s, quantized = std::move(quantized), pool = &ctx.pool, scratch = &ctx.scratch]() mutable {
     problem.x = x_floats(s, scratch->shared_as<float>());
+    if (s.x.elem == Elem::BF16) problem.x_bf16 = reinterpret_cast<const uint16_t*>(s.x.data);
     gemv(problem, *pool);
   };
   return kernel;
