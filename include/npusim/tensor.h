@@ -37,6 +37,7 @@ class Tensor {
 
   const std::byte* bytes() const { return data_; }
   std::byte* mutable_bytes();  // fails on borrowed (read-only) tensors
+  bool borrowed() const { return data_ != nullptr && !writable_; }
 
   template <typename T>
   const T* data() const {
@@ -55,6 +56,7 @@ class Tensor {
   Tensor to_reference() const { return to(reference_dtype(dtype_)); }
   // Element i as double, whatever the dtype.
   double element_as_double(int64_t index) const;
+  // Copy in memory of its own (a borrowed tensor's copy no longer reads the mapped file).
   Tensor clone() const;
 
  private:

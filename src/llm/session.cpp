@@ -43,19 +43,24 @@ DType default_dtype(const ModelDir& model) {
 }
 
 // Binds weights for several programs of one session so that they share memory: a tensor that must be converted
-// to the storage dtype is converted once (mapped tensors already in that dtype are used as they are).
+// to the storage dtype is converted once. Mapped tensors already in that dtype are used as they are, or copied
+// once into memory of the process when `resident` (the CPU backend: decoding reads every weight per token, and
+// reads them faster from there than through the file mapping).
 class SharedWeights {
  public:
-  SharedWeights(const WeightStore& store, DType storage) : store_(store), storage_(storage) {}
+  SharedWeights(const WeightStore& store, DType storage, bool resident)
+      : store_(store), storage_(storage), resident_(resident) {}
 
   std::vector<std::pair<ValueId, Tensor>> bind(const Graph& graph) {
     std::vector<std::pair<ValueId, Tensor>> tensors = store_.bind(graph).tensors;
     for (auto& [id, tensor] : tensors) {
       const Value& value = graph.value(id);
       const bool constant = graph.constants.count(value.weight_key) || graph.constants.count(value.name);
-      if (constant || value.transform || !is_floating(tensor.dtype()) || tensor.dtype() == storage_) continue;
+      if (constant || value.transform || !is_floating(tensor.dtype())) continue;
+      const bool convert = tensor.dtype() != storage_, copy = resident_ && tensor.borrowed();
+      if (!convert && !copy) continue;
       auto [it, inserted] = converted_.try_emplace(tensor.bytes());
-      if (inserted) it->second = tensor.to(storage_);
+      if (inserted) it->second = convert ? tensor.to(storage_) : tensor.clone();
       tensor = it->second;
     }
     return tensors;
@@ -64,6 +69,7 @@ class SharedWeights {
  private:
   const WeightStore& store_;
   DType storage_;
+  bool resident_;
   std::map<const std::byte*, Tensor> converted_;
 };
 
@@ -71,6 +77,11 @@ std::unique_ptr<Backend> make_session_backend(const SessionOptions& options) {
   return make_backend(options.backend, BackendOptions{.threads = options.threads,
                                                       .weights = options.quantize,
                                                       .quantization_group = options.quantization_group});
+}
+
+// The CPU backend reads float weights in place; int8 quantization and other backends make their own copies.
+bool resident_weights(const SessionOptions& options) {
+  return options.backend == "cpu" && options.quantize == WeightQuantization::None;
 }
 
 // ", int8 weights" and the like, for describe().
@@ -128,7 +139,7 @@ class NativeEngine final : public Session::Engine {
         dtype_(dtype),
         chunk_(options.prefill_chunk),
         backend_(make_session_backend(options)),
-        weights_(model.weights(), dtype),
+        weights_(model.weights(), dtype, resident_weights(options)),
         note_(quantization_note(options)) {
     check_native_support(config_);
     const int64_t limit = config_.max_position_embeddings;
@@ -244,7 +255,7 @@ class ExportedEngine final : public Session::Engine {
   ExportedEngine(const ModelDir& model, const SessionOptions& options, DType dtype)
       : dtype_(dtype),
         backend_(make_session_backend(options)),
-        weights_(model.weights(), dtype),
+        weights_(model.weights(), dtype, resident_weights(options)),
         note_(quantization_note(options)) {
     if (options.decode_ir.empty()) fail("--prefill-ir needs --decode-ir (the decode step that uses the cache)");
     prepare_decode(options.decode_ir);

@@ -159,7 +159,27 @@ TEST(Safetensors, BorrowsTheMappingAndKeepsItAlive) {
     EXPECT_TRUE(inside_mapping) << "tensor data is not inside the mapping of " << path;
   }
   EXPECT_THROW(borrowed.mutable_bytes(), Error);
+  EXPECT_TRUE(borrowed.borrowed());
   for (int i = 0; i < 4; ++i) EXPECT_EQ(borrowed.data<float>()[i], static_cast<float>(i + 1));
+  // A clone owns its bytes.
+  Tensor copy = borrowed.clone();
+  EXPECT_FALSE(copy.borrowed());
+  EXPECT_NE(copy.bytes(), borrowed.bytes());
+  copy.mutable_data<float>()[0] = 9.0f;
+  EXPECT_EQ(borrowed.data<float>()[0], 1.0f);
+}
+
+TEST(Tensors, LargeTensorsAreZeroedAndAlignedToHugePages) {
+  for (const Shape& shape : {Shape{1 << 19}, Shape{(1 << 19) + 3}, Shape{3, 1 << 20}}) {
+    Tensor t(DType::Float32, shape);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.bytes()) % (uintptr_t{2} << 20), 0u) << shape_string(shape);
+    const float* values = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) ASSERT_EQ(values[i], 0.0f) << i;
+    t.mutable_data<float>()[t.numel() - 1] = 1.0f;  // the last byte is writable
+    const Tensor copy = t.clone();
+    EXPECT_EQ(copy.data<float>()[t.numel() - 1], 1.0f);
+    EXPECT_FALSE(t.borrowed());
+  }
 }
 
 TEST(Safetensors, CopiesUnalignedTensors) {
