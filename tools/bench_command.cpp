@@ -42,6 +42,8 @@ const std::vector<OptionSpec> kModelBenchOptions = {
     {"prefill-chunk", true, "N: with --model, the largest native prefill step (default 128)"},
     {"quantize", true, "none|int8: with --model, linear weights quantized to int8 at load (default none)"},
     {"quantize-group", true, "N: with --model and --quantize int8, one scale per N input values (multiple of 8)"},
+    {"prefill-ir", true, "FILE: with --model, an exported torch_ir prefill graph (with --decode-ir)"},
+    {"decode-ir", true, "FILE: with --model, an exported torch_ir decode graph with a static KV cache"},
 };
 
 double elapsed_ms(Clock::time_point start) {
@@ -98,7 +100,8 @@ void print_efficiency(const Peak& peak, double gbps, double gflops) {
 }
 
 void reject_model_options(const Args& args) {
-  for (const char* name : {"prompt-tokens", "gen-tokens", "ctx", "prefill-chunk", "quantize", "quantize-group"})
+  for (const char* name :
+       {"prompt-tokens", "gen-tokens", "ctx", "prefill-chunk", "quantize", "quantize-group", "prefill-ir", "decode-ir"})
     if (args.flag(name)) fail(std::string("npusim bench: option '--") + name + "' needs --model");
 }
 
@@ -270,7 +273,8 @@ int bench_model(const Args& args) {
       "decode: %lld steps, min %.2f ms  median %.2f ms  max %.2f ms per token -> %.2f tokens/s, "
       "%.1f GB/s, %.1f GFLOP/s\n",
       static_cast<long long>(gen_tokens), step.min, step.median, step.max, decode_tok_s, decode_gbps, decode_gflops);
-  std::printf("load and compile %.1f ms; %.1f MB of weights\n", load_ms, work.weight_bytes / 1e6);
+  std::printf("load and compile %.1f ms; %.1f MB of weights; peak memory %.1f MB\n", load_ms, work.weight_bytes / 1e6,
+              peak_memory_mb());
   if (peak.measured)
     std::printf(
         "efficiency: decode %s of probed read bandwidth (%.1f GB/s), prompt %s of probed fp32 FMA peak "
@@ -298,7 +302,9 @@ int bench_model(const Args& args) {
                            {"max_ms", step.max},
                            {"gflops", decode_gflops},
                            {"gbps", decode_gbps},
-                           {"load_ms", load_ms}};
+                           {"load_ms", load_ms},
+                           {"weight_mb", work.weight_bytes / 1e6},
+                           {"peak_memory_mb", peak_memory_mb()}};
     if (peak.measured) {
       json["peak_gbps"] = peak.gbps;
       json["peak_gflops"] = peak.gflops;

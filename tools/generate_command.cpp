@@ -1,5 +1,4 @@
 // npusim generate / npusim chat: text generation from a Hugging Face model directory.
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -254,12 +253,6 @@ std::string generate(Session& session, Sampler& sampler, const std::optional<Tok
   if (request.print_ids) std::printf("\n");
   std::fflush(stdout);
   return text;
-}
-
-double peak_memory_mb() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux reports kilobytes
 }
 
 void print_stats(const GenerationStats& stats) {

@@ -1,5 +1,7 @@
 #include "loading.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -174,6 +176,12 @@ SessionOptions session_options(const Args& args) {
   if (!options.prefill_ir.empty() && options.decode_ir.empty())
     fail("--prefill-ir needs --decode-ir (the decode step that uses the KV cache)");
   return options;
+}
+
+double peak_memory_mb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux reports kilobytes
 }
 
 }  // namespace npusim::cli

@@ -45,4 +45,7 @@ PreparedModel prepare_model(const std::string& path, const Args& args, const Bac
 // --prefill-chunk, --prefill-ir and --decode-ir (those the command declares).
 SessionOptions session_options(const Args& args);
 
+// The process's peak resident memory so far, in MB.
+double peak_memory_mb();
+
 }  // namespace npusim::cli

@@ -2,8 +2,6 @@
 
 #include <cmath>
 #include <functional>
-#include <map>
-#include <set>
 
 namespace npusim {
 
@@ -57,40 +55,20 @@ Tensor apply_weight_transform(const WeightTransform& transform, std::span<const 
   fail(name + ": unknown weight transform '" + transform.kind + "'");
 }
 
-void add_derived_weights(const Graph& graph, std::vector<std::pair<ValueId, Tensor>>& tensors) {
-  std::map<ValueId, Tensor> known(tensors.begin(), tensors.end());
-  std::set<ValueId> read;
-  for (const Node& node : graph.nodes) read.insert(node.inputs.begin(), node.inputs.end());
-  read.insert(graph.outputs.begin(), graph.outputs.end());
-  std::function<const Tensor&(ValueId)> compute = [&](ValueId id) -> const Tensor& {
-    if (auto it = known.find(id); it != known.end()) return it->second;
-    const Value& value = graph.value(id);
-    if (!value.transform) fail("weight '" + value.weight_key + "' has no value");
-    std::vector<Tensor> sources;
-    for (int32_t source : value.transform->sources) sources.push_back(source < 0 ? Tensor() : compute(source));
-    Tensor result = apply_weight_transform(*value.transform, sources, value.name);
-    if (result.shape() != value.meta.shape)
-      fail("weight transform '" + value.transform->kind + "' for '" + value.name + "' gave shape " +
-           shape_string(result.shape()) + ", expected " + shape_string(value.meta.shape));
-    return known.emplace(id, std::move(result)).first->second;
-  };
-  for (ValueId id : graph.weights) {
-    const Value& value = graph.value(id);
-    if (!value.transform || !read.count(id)) continue;
-    tensors.emplace_back(id, compute(id));
-  }
-}
+namespace {
 
-std::vector<Tensor> resolve_weights(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& binding) {
+enum class WeightsWanted { All, UnboundDerived };
+
+// By ValueId, the value of every weight a node or a graph output reads (other entries undefined): the bound tensor,
+// else the graph's constant (by weight key or name), else computed by its transform (sources first, each once).
+// UnboundDerived leaves out the weights without a transform and those `bound` already holds.
+std::vector<Tensor> resolve_read_weights(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& bound,
+                                         WeightsWanted wanted) {
   std::vector<Tensor> given(graph.values.size());
-  for (const auto& [id, tensor] : binding) {
-    if (id < 0 || static_cast<size_t>(id) >= graph.values.size() || graph.value(id).kind != ValueKind::Weight)
-      fail(graph.source + ": weight binding names value " + std::to_string(id) + ", which is not a weight");
-    const Value& value = graph.value(id);
-    if (tensor.shape() != value.meta.shape)
-      fail(graph.source + ": weight '" + value.weight_key + "' has shape " + shape_string(tensor.shape()) +
-           ", the graph expects " + shape_string(value.meta.shape));
-    given[static_cast<size_t>(id)] = tensor;
+  std::vector<bool> is_bound(graph.values.size(), false);
+  for (const auto& [id, tensor] : bound) {
+    given.at(static_cast<size_t>(id)) = tensor;
+    is_bound[static_cast<size_t>(id)] = true;
   }
   std::function<const Tensor&(ValueId, const std::string&)> value_of = [&](ValueId id,
                                                                            const std::string& user) -> const Tensor& {
@@ -113,13 +91,36 @@ std::vector<Tensor> resolve_weights(const Graph& graph, const std::vector<std::p
   };
   std::vector<Tensor> resolved(graph.values.size());
   auto resolve = [&](ValueId id, const std::string& user) {
-    if (graph.value(id).kind != ValueKind::Weight || resolved[static_cast<size_t>(id)].defined()) return;
-    resolved[static_cast<size_t>(id)] = value_of(id, user);
+    const Value& value = graph.value(id);
+    const auto index = static_cast<size_t>(id);
+    if (value.kind != ValueKind::Weight || resolved[index].defined()) return;
+    if (wanted == WeightsWanted::UnboundDerived && (!value.transform || is_bound[index])) return;
+    resolved[index] = value_of(id, user);
   };
   for (const Node& node : graph.nodes)
     for (ValueId id : node.inputs) resolve(id, "node '" + node.name + "'");
   for (ValueId id : graph.outputs) resolve(id, "the graph outputs");
   return resolved;
+}
+
+}  // namespace
+
+void add_derived_weights(const Graph& graph, std::vector<std::pair<ValueId, Tensor>>& tensors) {
+  const std::vector<Tensor> derived = resolve_read_weights(graph, tensors, WeightsWanted::UnboundDerived);
+  for (ValueId id : graph.weights)
+    if (const Tensor& tensor = derived[static_cast<size_t>(id)]; tensor.defined()) tensors.emplace_back(id, tensor);
+}
+
+std::vector<Tensor> resolve_weights(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& binding) {
+  for (const auto& [id, tensor] : binding) {
+    if (id < 0 || static_cast<size_t>(id) >= graph.values.size() || graph.value(id).kind != ValueKind::Weight)
+      fail(graph.source + ": weight binding names value " + std::to_string(id) + ", which is not a weight");
+    const Value& value = graph.value(id);
+    if (tensor.shape() != value.meta.shape)
+      fail(graph.source + ": weight '" + value.weight_key + "' has shape " + shape_string(tensor.shape()) +
+           ", the graph expects " + shape_string(value.meta.shape));
+  }
+  return resolve_read_weights(graph, binding, WeightsWanted::All);
 }
 
 }  // namespace npusim

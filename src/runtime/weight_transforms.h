@@ -15,8 +15,9 @@ namespace npusim {
 Tensor apply_weight_transform(const WeightTransform& transform, std::span<const Tensor> sources,
                               const std::string& name);
 
-// Appends every derived weight a node reads, computed from the bound tensors (transform sources may themselves
-// be derived; they are computed first).
+// Appends every derived weight a node or a graph output reads that `tensors` lacks, computed as resolve_weights
+// computes it (sources from `tensors`, else the graph's constants; derived sources first). For executors that take
+// a binding with every weight in it (the reference executor); backends call resolve_weights themselves.
 void add_derived_weights(const Graph& graph, std::vector<std::pair<ValueId, Tensor>>& tensors);
 
 // What a backend binds at prepare time: by ValueId, the value of every weight a node or a graph output reads (other

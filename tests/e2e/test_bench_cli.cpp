@@ -130,6 +130,18 @@ TEST(BenchCli, ModelDirectory) {
   }
   EXPECT_NEAR(json["prompt_tok_s"].get<double>(), 9.0 / (json["prompt_ms"].get<double>() / 1e3), 1e-6);
   EXPECT_DOUBLE_EQ(json["gbps"].get<double>(), json["decode_gbps"].get<double>());
+  ASSERT_TRUE(finite_number(json, "weight_mb") && finite_number(json, "peak_memory_mb")) << json.dump();
+  EXPECT_GT(json["peak_memory_mb"].get<double>(), json["weight_mb"].get<double>());
+}
+
+TEST(BenchCli, ModelDirectoryThroughExportedGraphs) {
+  const std::string tiny = kFixtures + "/qwen_tiny";
+  const nlohmann::json json =
+      bench_json("--model " + tiny + " --prefill-ir " + tiny + "/prefill_ir.json --decode-ir " + tiny +
+                 "/decode_ir.json --prompt-tokens 4 --gen-tokens 3 --iters 1 " + "--warmup 1 --threads 1 --no-probe");
+  expect_ordered_times(json);
+  EXPECT_NE(json["session"].get<std::string>().find("exported"), std::string::npos) << json.dump();
+  EXPECT_GT(json["decode_tok_s"].get<double>(), 0.0);
 }
 
 TEST(BenchCli, BadFlagsNameTheFlag) {

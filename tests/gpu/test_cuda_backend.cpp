@@ -3,11 +3,12 @@
 // graph), ops without one through the host fallback, and whole models: ResNet-18/50 against the CPU backend,
 // qwen_tiny prefill and decode logits against the Hugging Face reference, and greedy decoding with the KV cache
 // kept on the device.
+// The one-node harness is shared with the CPU's (tests/unit/conformance_harness.h).
 // Needs a GPU: without one the binary says so and exits with status 1 (ctest -LE gpu skips it).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -18,72 +19,20 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/kernel_op_names.h"
 #include "compiler/compile.h"
-#include "compiler/graph_edit.h"
-#include "compiler/memory_plan.h"
 #include "compiler/target.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/model_config.h"
-#include "npusim/op_registry.h"
 #include "runtime/compare.h"
 #include "runtime/dag_executor.h"
-#include "runtime/random_fill.h"
-#include "runtime/reference_executor.h"
 #include "runtime/safetensors.h"
 #include "runtime/weight_store.h"
-#include "runtime/weight_transforms.h"
+#include "unit/conformance_harness.h"
 
-namespace npusim {
+namespace npusim::test {
 namespace {
-
-const std::string kFixtures = std::string(NPUSIM_TEST_DATA) + "/fixtures";
 
 // ---------------------------------------------------------------------------------------------------------------
 // One-node cases
-
-enum class Fill { Normal, Positive, Integers, Bools };
-
-struct Operand {
-  Shape shape;
-  DType dtype = DType::Float32;
-  bool weight = false;
-  Fill fill = Fill::Normal;
-  int64_t low = 0, high = 0;
-};
-
-Operand f(Shape shape) { return {std::move(shape)}; }
-Operand w(Shape shape) { return {std::move(shape), DType::Float32, true}; }
-Operand ints(Shape shape, int64_t low, int64_t high) {
-  return {std::move(shape), DType::Int64, false, Fill::Integers, low, high};
-}
-Operand bools(Shape shape) { return {std::move(shape), DType::Bool, false, Fill::Bools}; }
-
-struct Case {
-  std::string op;
-  std::vector<Operand> inputs;
-  Attrs attrs;
-  bool kernel = true;  // false: expected on the host fallback
-  std::string label;
-};
-
-AttrValue I(int64_t v) { return AttrValue{v}; }
-AttrValue F(double v) { return AttrValue{v}; }
-AttrValue B(bool v) { return AttrValue{v}; }
-AttrValue S(const char* v) { return AttrValue{std::string(v)}; }
-AttrValue L(std::vector<int64_t> v) { return AttrValue{std::move(v)}; }
-
-Attrs attrs(std::initializer_list<std::pair<const char*, AttrValue>> values) {
-  Attrs result;
-  for (const auto& [name, value] : values) result.set(name, value);
-  return result;
-}
-
-Case make(std::string op, std::vector<Operand> inputs, Attrs a = {}, std::string label = "") {
-  return Case{std::move(op), std::move(inputs), std::move(a), true, std::move(label)};
-}
-Case on_host(Case c) {
-  c.kernel = false;
-  return c;
-}
 
 std::vector<Case> elementwise_cases() {
   std::vector<Case> cases;
@@ -112,7 +61,7 @@ std::vector<Case> elementwise_cases() {
   cases.push_back(make("bitwise_and", {bools({3, 5}), bools({5})}, {}, "bool"));
   cases.push_back(make("lt", {f({9})}, attrs({{"other", F(0.0)}}), "scalar"));
   cases.push_back(make("add", {f({65, 1025}), f({1025})}, {}, "large"));
-  cases.push_back(on_host(make("div", {f({7, 33}), f({33})}, attrs({{"rounding_mode", S("floor")}}), "floor")));
+  cases.push_back(fallback(make("div", {f({7, 33}), f({33})}, attrs({{"rounding_mode", S("floor")}}), "floor")));
   cases.push_back(make("where", {bools({7, 1}), f({33}), f({7, 33})}));
   cases.push_back(make("where", {bools({7, 33}), f({7, 33})}, attrs({{"other", F(-1.0)}}), "scalar other"));
   cases.push_back(make("where", {bools({9}), ints({9}, -3, 3), ints({9}, 5, 9)}, {}, "int64"));
@@ -125,7 +74,7 @@ std::vector<Case> elementwise_cases() {
   cases.push_back(make("silu_mul", {f({7, 33}), f({7, 33})}));
   cases.push_back(make("rope", {f({1, 2, 7, 8}), f({1, 1, 7, 8}), f({1, 1, 7, 8})}));
   cases.push_back(make("rope", {f({2, 3, 5, 6}), f({5, 6}), f({5, 6})}, {}, "broadcast"));
-  cases.push_back(on_host(make("cumsum", {f({3, 7})}, attrs({{"dim", I(1)}}))));
+  cases.push_back(fallback(make("cumsum", {f({3, 7})}, attrs({{"dim", I(1)}}))));
   return cases;
 }
 
@@ -163,11 +112,11 @@ std::vector<Case> shape_cases() {
                        attrs({{"_tensor_list_sizes", L({2})}}), "mask gather"));
   cases.push_back(make("index", {f({3, 4, 5}), ints({2, 1}, 0, 3), ints({3}, -4, 4)},
                        attrs({{"_tensor_list_sizes", L({2})}}), "broadcast"));
-  cases.push_back(on_host(make(
+  cases.push_back(fallback(make(
       "index", {f({3, 4}), ints({2}, 0, 4)},
       attrs({{"_tensor_list_sizes", L({1})}, {"_tensor_list_none_masks", AttrValue{std::vector<bool>{true, false}}}}),
       "none slot")));
-  cases.push_back(on_host(make("flip", {f({3, 5, 7})}, attrs({{"dims", L({0, -1})}}))));
+  cases.push_back(fallback(make("flip", {f({3, 5, 7})}, attrs({{"dims", L({0, -1})}}))));
   return cases;
 }
 
@@ -186,8 +135,8 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("conv2d", {f({2, 4, 7, 8}), w({6, 2, 3, 2})},
                        attrs({{"groups", I(2)}, {"dilation", L({2, 1})}, {"padding", L({2, 0})}}), "grouped"));
   cases.push_back(make("conv2d", {f({1, 5, 6, 7}), w({3, 5, 1, 1}), w({3})}, {}, "pointwise"));
-  cases.push_back(
-      on_host(make("conv2d", {f({3, 7, 7}), w({2, 3, 3, 3})}, attrs({{"padding_mode", S("same")}}), "unbatched same")));
+  cases.push_back(fallback(
+      make("conv2d", {f({3, 7, 7}), w({2, 3, 3, 3})}, attrs({{"padding_mode", S("same")}}), "unbatched same")));
   cases.push_back(make("conv2d", {f({1, 4, 5, 5}), w({4, 1, 3, 3}), w({4})},
                        attrs({{"groups", I(4)}, {"padding", L({1})}}), "depthwise"));
   cases.push_back(
@@ -208,7 +157,7 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("adaptive_avg_pool2d", {f({1, 512, 7, 7})}, attrs({{"output_size", L({1})}}), "global"));
   cases.push_back(make("softmax", {f({7, 33})}, attrs({{"dim", I(-1)}})));
   cases.push_back(make("softmax", {f({130, 513})}, attrs({{"dim", I(1)}}), "wide"));
-  cases.push_back(on_host(make("softmax", {f({3, 7, 5})}, attrs({{"dim", I(1)}}), "middle dim")));
+  cases.push_back(fallback(make("softmax", {f({3, 7, 5})}, attrs({{"dim", I(1)}}), "middle dim")));
   cases.push_back(make("rms_norm", {f({2, 7, 33}), w({33})}, attrs({{"normalized_shape", L({33})}, {"eps", F(1e-6)}})));
   cases.push_back(make("rms_norm", {f({7, 3, 5})}, attrs({{"normalized_shape", L({3, 5})}}), "no weight"));
   cases.push_back(make("embedding", {w({33, 9}), ints({2, 7}, 0, 33)}));
@@ -231,176 +180,24 @@ std::vector<Case> nn_cases() {
   return cases;
 }
 
-// Deterministic test values; floats rounded to what `storage` holds exactly.
-Tensor make_values(const Operand& operand, uint64_t seed, DType storage) {
-  Tensor t(operand.dtype, operand.shape);
-  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-  auto next = [&state] {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-  };
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double unit = static_cast<double>(next() % 1000003) / 1000003.0;
-    switch (operand.fill) {
-      case Fill::Normal:
-      case Fill::Positive: {
-        float value =
-            operand.fill == Fill::Normal ? static_cast<float>(unit * 4.0 - 2.0) : static_cast<float>(0.1 + unit * 2.0);
-        if (storage == DType::BFloat16) value = bf16_to_float(float_to_bf16(value));
-        if (storage == DType::Float16) value = fp16_to_float(float_to_fp16(value));
-        t.mutable_data<float>()[i] = value;
-        break;
-      }
-      case Fill::Integers:
-        t.mutable_data<int64_t>()[i] =
-            operand.low + static_cast<int64_t>(next() % static_cast<uint64_t>(operand.high - operand.low));
-        break;
-      case Fill::Bools:
-        t.mutable_data<uint8_t>()[i] = (next() % 3) != 0;
-        break;
-    }
-  }
-  return t;
+// The cases on the CUDA backend; a case with a kernel must also replay its captured CUDA graph on the second run.
+void run_on_gpu(const std::vector<Case>& cases) {
+  cuda::CudaBackend backend({.poison_memory = true});
+  for (const Case& c : cases)
+    run_case(c, backend, [](const Case& c, const PreparedProgram& prepared, const std::string& what) {
+      if (c.kernel) EXPECT_TRUE(cuda::replays_graph(prepared)) << what << " does not replay a CUDA graph";
+    });
 }
 
-struct Built {
-  Graph graph;
-  std::map<std::string, Tensor> inputs;
-  std::vector<std::pair<ValueId, Tensor>> weights;
-};
+TEST(CudaConformance, ElementwiseOps) { run_on_gpu(elementwise_cases()); }
 
-Built build(const Case& c, DType storage) {
-  Built b;
-  b.graph.source = "cuda conformance " + c.op + (c.label.empty() ? "" : " (" + c.label + ")");
-  std::vector<ValueId> inputs;
-  std::vector<TensorMeta> metas;
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    const Operand& operand = c.inputs[i];
-    const std::string name = "in" + std::to_string(i);
-    const TensorMeta meta{operand.shape, operand.dtype};
-    const Tensor values = make_values(operand, i + 1, storage);
-    const ValueId id =
-        compiler::add_value(b.graph, name, meta, operand.weight ? ValueKind::Weight : ValueKind::GraphInput);
-    if (operand.weight) {
-      b.graph.value(id).weight_key = name;
-      b.graph.weights.push_back(id);
-      b.weights.emplace_back(id, values);
-    } else {
-      b.graph.inputs.push_back(id);
-      b.inputs[name] = values;
-    }
-    inputs.push_back(id);
-    metas.push_back(meta);
-  }
-  const OpDef* def = OpRegistry::instance().find(c.op);
-  if (!def) throw Error("unknown op " + c.op);
-  Attrs a = c.attrs;
-  OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
-  const std::vector<TensorMeta> outputs = def->infer(a, metas);
-  std::vector<std::string> names;
-  for (size_t i = 0; i < outputs.size(); ++i) names.push_back("out" + std::to_string(i));
-  Node node = compiler::make_node(b.graph, c.op, "node", a, inputs, outputs, names);
-  b.graph.outputs = node.outputs;
-  b.graph.nodes.push_back(std::move(node));
-  compiler::renumber_producers(b.graph);
-  return b;
-}
+TEST(CudaConformance, ShapeOps) { run_on_gpu(shape_cases()); }
 
-Program program_for(Graph graph, DType storage) {
-  Program program;
-  program.compute_dtype = storage;
-  program.plan = compiler::plan_memory(graph, storage);
-  program.graph = std::move(graph);
-  return program;
-}
-
-double tolerance(DType storage) {
-  switch (storage) {
-    case DType::BFloat16:
-      return 8e-3;
-    case DType::Float16:
-      return 1e-3;
-    default:
-      return 2e-5;
-  }
-}
-
-// Integers and bools exactly; floats within rtol * (|expected| + max |expected|); NaN where the reference has NaN.
-void expect_matches(const Tensor& actual, const Tensor& expected, DType storage, const std::string& what) {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
-  if (expected.dtype() != DType::Float32) {
-    for (int64_t i = 0; i < expected.numel(); ++i)
-      ASSERT_EQ(actual.element_as_double(i), expected.element_as_double(i)) << what << " element " << i;
-    return;
-  }
-  const float* a = actual.data<float>();
-  const float* e = expected.data<float>();
-  double scale = 0.0;
-  for (int64_t i = 0; i < expected.numel(); ++i)
-    if (std::isfinite(e[i])) scale = std::max(scale, static_cast<double>(std::fabs(e[i])));
-  const double rtol = tolerance(storage);
-  for (int64_t i = 0; i < expected.numel(); ++i) {
-    if (std::isnan(e[i])) {
-      ASSERT_TRUE(std::isnan(a[i])) << what << " element " << i << ": " << a[i] << ", expected NaN";
-      continue;
-    }
-    if (std::isinf(e[i])) {
-      ASSERT_EQ(a[i], e[i]) << what << " element " << i;
-      continue;
-    }
-    ASSERT_LE(std::fabs(a[i] - e[i]), rtol * (std::fabs(e[i]) + scale) + 1e-30)
-        << what << " element " << i << ": " << a[i] << ", expected " << e[i];
-  }
-}
-
-std::string case_name(const Case& c) { return c.op + (c.label.empty() ? "" : " (" + c.label + ")"); }
-
-void run_case(const Case& c) {
-  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
-    const std::string what = case_name(c) + " " + std::string(dtype_name(storage));
-    SCOPED_TRACE(what);
-    Built b = build(c, storage);
-    const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
-    cuda::CudaBackend backend({.poison_memory = true});
-    const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
-    if (c.kernel)
-      EXPECT_TRUE(prepared->fallback_nodes().empty()) << what << " ran on the host fallback";
-    else
-      EXPECT_EQ(prepared->fallback_nodes().size(), 1u) << what << " was expected on the host fallback";
-    for (int run = 0; run < 2; ++run) {  // the second run replays the captured graph over the first one's leftovers
-      const NamedTensors actual = prepared->run(b.inputs);
-      ASSERT_EQ(actual.size(), expected.size());
-      for (size_t i = 0; i < actual.size(); ++i) {
-        EXPECT_EQ(actual[i].first, expected[i].first);
-        expect_matches(actual[i].second, expected[i].second, storage,
-                       what + " run " + std::to_string(run) + " output " + std::to_string(i));
-      }
-    }
-    if (c.kernel) EXPECT_TRUE(cuda::replays_graph(*prepared)) << what << " does not replay a CUDA graph";
-  }
-}
-
-TEST(CudaConformance, ElementwiseOps) {
-  for (const Case& c : elementwise_cases()) run_case(c);
-}
-
-TEST(CudaConformance, ShapeOps) {
-  for (const Case& c : shape_cases()) run_case(c);
-}
-
-TEST(CudaConformance, NnOps) {
-  for (const Case& c : nn_cases()) run_case(c);
-}
+TEST(CudaConformance, NnOps) { run_on_gpu(nn_cases()); }
 
 // Every op with a CUDA kernel appears in at least one case above.
 TEST(CudaConformance, EveryKernelHasACase) {
-  std::set<std::string> covered;
-  for (const auto& cases : {elementwise_cases(), shape_cases(), nn_cases()})
-    for (const Case& c : cases)
-      if (c.kernel) covered.insert(c.op);
+  const std::set<std::string> covered = ops_with_a_kernel_case({elementwise_cases(), shape_cases(), nn_cases()});
   for (const std::string& op : cuda::CudaBackend().capabilities().ops)
     EXPECT_TRUE(covered.count(op)) << op << " has no conformance case";
 }
@@ -507,29 +304,10 @@ TEST(CudaBackend, IndexOutOfRangeIsAnErrorNamingTheNode) {
 // ---------------------------------------------------------------------------------------------------------------
 // Whole models
 
-std::vector<std::pair<ValueId, Tensor>> random_weights(const Graph& graph) {
-  std::vector<std::pair<ValueId, Tensor>> weights;
-  for (ValueId id : graph.weights) {
-    const Value& value = graph.value(id);
-    if (!value.transform && !graph.constants.count(value.weight_key)) weights.emplace_back(id, random_weight(value, 7));
-  }
-  return weights;
-}
-
 Program compile_for(const Graph& graph, DType storage) {
   compiler::CompileOptions options;
   options.compute_dtype = storage;
   return compiler::compile_graph(graph, options);
-}
-
-std::vector<std::pair<ValueId, Tensor>> compiled_weights(const Graph& compiled,
-                                                         const std::vector<std::pair<ValueId, Tensor>>& original) {
-  std::vector<std::pair<ValueId, Tensor>> weights;
-  for (const auto& [id, tensor] : original)
-    if (static_cast<size_t>(id) < compiled.values.size() && compiled.value(id).kind == ValueKind::Weight)
-      weights.emplace_back(id, tensor);
-  add_derived_weights(compiled, weights);
-  return weights;
 }
 
 class ResNetOnCuda : public ::testing::TestWithParam<std::tuple<const char*, DType>> {};
@@ -748,7 +526,7 @@ TEST(QwenTinyOnCuda, GreedyDecodingMatchesTheReferenceTokens) {
 }
 
 }  // namespace
-}  // namespace npusim
+}  // namespace npusim::test
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);

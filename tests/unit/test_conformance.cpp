@@ -1,82 +1,27 @@
-// Backend conformance, after ggml's test-backend-ops: every case is a one-node graph run on the CPU backend with
-// fp32, fp16 and bf16 storage (activation memory poisoned with NaN first) and compared element by element with
-// the registry's reference implementation. Inputs are rounded to the storage precision first, so the only
-// differences left are the kernel's own rounding. Whole models close the suite: ResNet-18 and qwen_tiny prefill,
-// compiled, against the reference executor on the uncompiled graph.
+// Backend conformance on the CPU, after ggml's test-backend-ops: every case is a one-node graph run on the CPU
+// backend with fp32, fp16 and bf16 storage (activation memory poisoned with NaN first) and compared element by
+// element with the registry's reference implementation (the harness: conformance_harness.h). Inputs are rounded to
+// the storage precision first, so the only differences left are the kernel's own rounding. Whole models close the
+// suite: ResNet-18 and qwen_tiny prefill, compiled, against the reference executor on the uncompiled graph.
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <algorithm>
 #include <limits>
 
 #include "backends/cpu/cpu_backend.h"
-#include "compiler/graph_edit.h"
-#include "compiler/memory_plan.h"
 #include "compiler/pass.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/model_config.h"
-#include "npusim/op_registry.h"
 #include "runtime/compare.h"
-#include "runtime/random_fill.h"
-#include "runtime/reference_executor.h"
 #include "runtime/safetensors.h"
 #include "runtime/weight_store.h"
-#include "runtime/weight_transforms.h"
+#include "unit/conformance_harness.h"
 
-namespace npusim {
+namespace npusim::test {
 namespace {
-
-const std::string kFixtures = std::string(NPUSIM_TEST_DATA) + "/fixtures";
 
 // ---------------------------------------------------------------------------------------------------------------
 // Cases
-
-enum class Fill { Normal, Positive, Integers, Bools };
-
-struct Operand {
-  Shape shape;
-  DType dtype = DType::Float32;
-  bool weight = false;
-  Fill fill = Fill::Normal;
-  int64_t low = 0, high = 0;  // integers in [low, high)
-};
-
-Operand f(Shape shape) { return {std::move(shape)}; }
-Operand positive(Shape shape) { return {std::move(shape), DType::Float32, false, Fill::Positive}; }
-Operand w(Shape shape) { return {std::move(shape), DType::Float32, true}; }
-Operand ints(Shape shape, int64_t low, int64_t high) {
-  return {std::move(shape), DType::Int64, false, Fill::Integers, low, high};
-}
-Operand bools(Shape shape) { return {std::move(shape), DType::Bool, false, Fill::Bools}; }
-
-struct Case {
-  std::string op;
-  std::vector<Operand> inputs;
-  Attrs attrs;
-  bool kernel = true;  // false: the op is expected to run on the reference fallback
-  std::string label;
-};
-
-AttrValue I(int64_t v) { return AttrValue{v}; }
-AttrValue F(double v) { return AttrValue{v}; }
-AttrValue B(bool v) { return AttrValue{v}; }
-AttrValue S(const char* v) { return AttrValue{std::string(v)}; }
-AttrValue L(std::vector<int64_t> v) { return AttrValue{std::move(v)}; }
-AttrValue FL(std::vector<double> v) { return AttrValue{std::move(v)}; }
-
-Attrs attrs(std::initializer_list<std::pair<const char*, AttrValue>> values) {
-  Attrs result;
-  for (const auto& [name, value] : values) result.set(name, value);
-  return result;
-}
-
-Case make(std::string op, std::vector<Operand> inputs, Attrs a = {}, std::string label = "") {
-  return Case{std::move(op), std::move(inputs), std::move(a), true, std::move(label)};
-}
-
-Case fallback(Case c) {
-  c.kernel = false;
-  return c;
-}
 
 std::vector<Case> elementwise_cases() {
   std::vector<Case> cases;
@@ -317,185 +262,27 @@ std::vector<Case> nn_cases() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Running a case
+// Running the cases on the CPU backend
 
-// Deterministic test values; floats rounded to what `storage` can hold exactly.
-Tensor make_values(const Operand& operand, uint64_t seed, DType storage) {
-  Tensor t(operand.dtype, operand.shape);
-  uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-  auto next = [&state] {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return state;
-  };
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const double unit = static_cast<double>(next() % 1000003) / 1000003.0;  // [0, 1)
-    switch (operand.fill) {
-      case Fill::Normal:
-      case Fill::Positive: {
-        float value =
-            operand.fill == Fill::Normal ? static_cast<float>(unit * 4.0 - 2.0) : static_cast<float>(0.1 + unit * 2.0);
-        if (storage == DType::BFloat16) value = bf16_to_float(float_to_bf16(value));
-        if (storage == DType::Float16) value = fp16_to_float(float_to_fp16(value));
-        t.mutable_data<float>()[i] = value;
-        break;
-      }
-      case Fill::Integers:
-        t.mutable_data<int64_t>()[i] =
-            operand.low + static_cast<int64_t>(next() % static_cast<uint64_t>(operand.high - operand.low));
-        break;
-      case Fill::Bools:
-        t.mutable_data<uint8_t>()[i] = (next() % 3) != 0;
-        break;
-    }
-  }
-  return t;
+void run_on_cpu(const std::vector<Case>& cases) {
+  cpu::CpuBackend backend({.threads = 0, .poison_memory = true});
+  for (const Case& c : cases) run_case(c, backend);
 }
 
-struct Built {
-  Graph graph;
-  std::map<std::string, Tensor> inputs;
-  std::vector<std::pair<ValueId, Tensor>> weights;
-};
+TEST(Conformance, ElementwiseOps) { run_on_cpu(elementwise_cases()); }
 
-Built build(const Case& c, DType storage) {
-  Built b;
-  b.graph.source = "conformance " + c.op + (c.label.empty() ? "" : " (" + c.label + ")");
-  std::vector<ValueId> inputs;
-  std::vector<TensorMeta> metas;
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    const Operand& operand = c.inputs[i];
-    const std::string name = "in" + std::to_string(i);
-    const TensorMeta meta{operand.shape, operand.dtype};
-    const Tensor values = make_values(operand, i + 1, storage);
-    const ValueId id =
-        compiler::add_value(b.graph, name, meta, operand.weight ? ValueKind::Weight : ValueKind::GraphInput);
-    if (operand.weight) {
-      b.graph.value(id).weight_key = name;
-      b.graph.weights.push_back(id);
-      b.weights.emplace_back(id, values);
-    } else {
-      b.graph.inputs.push_back(id);
-      b.inputs[name] = values;
-    }
-    inputs.push_back(id);
-    metas.push_back(meta);
-  }
-  const OpDef* def = OpRegistry::instance().find(c.op);
-  if (!def) throw Error("unknown op " + c.op);
-  Attrs a = c.attrs;
-  OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
-  const std::vector<TensorMeta> outputs = def->infer(a, metas);
-  std::vector<std::string> names;
-  for (size_t i = 0; i < outputs.size(); ++i) names.push_back("out" + std::to_string(i));
-  Node node = compiler::make_node(b.graph, c.op, "node", a, inputs, outputs, names);
-  b.graph.outputs = node.outputs;
-  b.graph.nodes.push_back(std::move(node));
-  compiler::renumber_producers(b.graph);
-  return b;
-}
+TEST(Conformance, ShapeOps) { run_on_cpu(shape_cases()); }
 
-Program program_for(Graph graph, DType storage) {
-  Program program;
-  program.compute_dtype = storage;
-  program.plan = compiler::plan_memory(graph, storage);
-  program.graph = std::move(graph);
-  return program;
-}
+TEST(Conformance, LinalgOps) { run_on_cpu(linalg_cases()); }
 
-double tolerance(DType storage) {
-  switch (storage) {
-    case DType::BFloat16:
-      return 8e-3;
-    case DType::Float16:
-      return 1e-3;
-    default:
-      return 2e-5;
-  }
-}
+TEST(Conformance, ConvOps) { run_on_cpu(conv_cases()); }
 
-// Every element: integers and bools exactly, floats within rtol * (|expected| + max |expected|), NaN where
-// the reference has NaN.
-void expect_matches(const Tensor& actual, const Tensor& expected, DType storage, const std::string& what) {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
-  if (expected.dtype() != DType::Float32) {
-    for (int64_t i = 0; i < expected.numel(); ++i)
-      ASSERT_EQ(actual.element_as_double(i), expected.element_as_double(i)) << what << " element " << i;
-    return;
-  }
-  const float* a = actual.data<float>();
-  const float* e = expected.data<float>();
-  double scale = 0.0;
-  for (int64_t i = 0; i < expected.numel(); ++i)
-    if (std::isfinite(e[i])) scale = std::max(scale, static_cast<double>(std::fabs(e[i])));
-  const double rtol = tolerance(storage);
-  for (int64_t i = 0; i < expected.numel(); ++i) {
-    if (std::isnan(e[i])) {
-      ASSERT_TRUE(std::isnan(a[i])) << what << " element " << i << ": " << a[i] << ", expected NaN";
-      continue;
-    }
-    if (std::isinf(e[i])) {
-      ASSERT_EQ(a[i], e[i]) << what << " element " << i;
-      continue;
-    }
-    ASSERT_LE(std::fabs(a[i] - e[i]), rtol * (std::fabs(e[i]) + scale) + 1e-30)
-        << what << " element " << i << ": " << a[i] << ", expected " << e[i];
-  }
-}
-
-std::string case_name(const Case& c) { return c.op + (c.label.empty() ? "" : " (" + c.label + ")"); }
-
-void run_case(const Case& c) {
-  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
-    const std::string what = case_name(c) + " " + std::string(dtype_name(storage));
-    SCOPED_TRACE(what);
-    Built b = build(c, storage);
-    const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
-    cpu::CpuBackend backend({.threads = 0, .poison_memory = true});
-    const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
-    if (c.kernel)
-      EXPECT_TRUE(prepared->fallback_nodes().empty()) << what << " ran on the reference fallback";
-    else
-      EXPECT_EQ(prepared->fallback_nodes().size(), 1u) << what << " was expected on the fallback";
-    for (int run = 0; run < 2; ++run) {  // the second run sees the first one's leftovers
-      const NamedTensors actual = prepared->run(b.inputs);
-      ASSERT_EQ(actual.size(), expected.size());
-      for (size_t i = 0; i < actual.size(); ++i) {
-        EXPECT_EQ(actual[i].first, expected[i].first);
-        expect_matches(actual[i].second, expected[i].second, storage, what + " output " + std::to_string(i));
-      }
-    }
-  }
-}
-
-TEST(Conformance, ElementwiseOps) {
-  for (const Case& c : elementwise_cases()) run_case(c);
-}
-
-TEST(Conformance, ShapeOps) {
-  for (const Case& c : shape_cases()) run_case(c);
-}
-
-TEST(Conformance, LinalgOps) {
-  for (const Case& c : linalg_cases()) run_case(c);
-}
-
-TEST(Conformance, ConvOps) {
-  for (const Case& c : conv_cases()) run_case(c);
-}
-
-TEST(Conformance, NnAndReductionOps) {
-  for (const Case& c : nn_cases()) run_case(c);
-}
+TEST(Conformance, NnAndReductionOps) { run_on_cpu(nn_cases()); }
 
 // Every op with a CPU kernel appears in at least one case above.
 TEST(Conformance, EveryKernelHasACase) {
-  std::set<std::string> covered;
-  for (const auto& cases : {elementwise_cases(), shape_cases(), linalg_cases(), conv_cases(), nn_cases()})
-    for (const Case& c : cases)
-      if (c.kernel) covered.insert(c.op);
+  const std::set<std::string> covered =
+      ops_with_a_kernel_case({elementwise_cases(), shape_cases(), linalg_cases(), conv_cases(), nn_cases()});
   for (const std::string& op : cpu::CpuBackend().capabilities().ops)
     EXPECT_TRUE(covered.count(op) || op == "getitem" || op == "assert_metadata") << op << " has no conformance case";
 }
@@ -503,30 +290,10 @@ TEST(Conformance, EveryKernelHasACase) {
 // ---------------------------------------------------------------------------------------------------------------
 // Whole models: compiled and planned, on the CPU backend, against the reference executor on the graph as read.
 
-std::vector<std::pair<ValueId, Tensor>> random_weights(const Graph& graph) {
-  std::vector<std::pair<ValueId, Tensor>> weights;
-  for (ValueId id : graph.weights) {
-    const Value& value = graph.value(id);
-    if (!value.transform && !graph.constants.count(value.weight_key)) weights.emplace_back(id, random_weight(value, 7));
-  }
-  return weights;
-}
-
 Program compile(Graph graph, DType storage) {
   compiler::PassContext context;
   compiler::run_passes(graph, {}, context);
   return program_for(std::move(graph), storage);
-}
-
-// Weights for the compiled graph: the uncompiled graph's (same ValueIds), plus what the passes derived or folded.
-std::vector<std::pair<ValueId, Tensor>> compiled_weights(const Graph& compiled,
-                                                         const std::vector<std::pair<ValueId, Tensor>>& original) {
-  std::vector<std::pair<ValueId, Tensor>> weights;
-  for (const auto& [id, tensor] : original)
-    if (static_cast<size_t>(id) < compiled.values.size() && compiled.value(id).kind == ValueKind::Weight)
-      weights.emplace_back(id, tensor);
-  add_derived_weights(compiled, weights);
-  return weights;
 }
 
 void expect_pearson(const Tensor& actual, const Tensor& expected, const std::string& what) {
@@ -592,4 +359,4 @@ TEST(Conformance, QwenTinyPrefillMatchesTheReference) {
 }
 
 }  // namespace
-}  // namespace npusim
+}  // namespace npusim::test
