@@ -25,9 +25,11 @@ constexpr int64_t NR = kGemmTileCols;
 constexpr int64_t kMaxDepthBlock = 256;  // kc: a B micro-panel of 256 x 16 floats fills half of L1
 // With few columns, A streams from memory once: longer runs of each A panel suit the hardware prefetcher better.
 constexpr int64_t kMaxDepthBlockFewColumns = 512;
-constexpr int64_t kMaxRowBlock = 96;                     // mc: an A block of 96 x 256 floats (96 KiB) stays in L2
-constexpr int64_t kMaxColBlock = 512;                    // nc
-constexpr int64_t kPackedBBlockBytes = 3 << 19;          // an on-the-fly B block [k, nc] stays within 1.5 MiB
+constexpr int64_t kMaxRowBlock = 96;             // mc: an A block of 96 x 256 floats (96 KiB) stays in L2
+constexpr int64_t kMaxColBlock = 512;            // nc
+constexpr int64_t kPackedBBlockBytes = 3 << 19;  // an on-the-fly B block [k, nc] stays within 1.5 MiB
+// ... unless k is so deep that this leaves fewer columns: A is packed again for every column block.
+constexpr int64_t kMinPackedBColumns = 128;
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 19;  // below this, waking a worker costs more than it saves
 // Whether Best picks the AVX-512 kernels where the CPU has them (on Zen 4, which splits each 512-bit FMA in two,
 // they only save instructions).
@@ -215,11 +217,143 @@ __attribute__((target("avx2"))) void gather_stride2_avx2(const float* src, float
 }
 #endif
 
+#ifdef NPUSIM_GEMM_X86
+#define NPUSIM_PACK_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// Eight consecutive values at `src` (elem E) as fp32.
+template <Elem E>
+NPUSIM_PACK_AVX2 inline __m256 load8_as_float(const std::byte* src) {
+  const __m128i* raw = reinterpret_cast<const __m128i*>(src);
+  if constexpr (E == Elem::F32)
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(src));
+  else if constexpr (E == Elem::BF16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(raw)), 16));
+  else
+    return _mm256_cvtph_ps(_mm_loadu_si128(raw));
+}
+
+// r[i][j] <- r[j][i].
+NPUSIM_PACK_AVX2 inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);      // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);  // a2 b2 a3 b3 | a6 b6 a7 b7
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));      // a0 b0 c0 d0 | a4 b4 c4 d4
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));  // a1 b1 c1 d1 | a5 b5 c5 d5
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// Whole panels of a transposed B (a linear weight [n, k]: column j of B is row j of the weight) over columns
+// [col0, col0 + cols), cols a multiple of NR: blocks of 8 weight rows x 8 depth steps are transposed in registers.
+template <Elem E>
+NPUSIM_PACK_AVX2 void pack_b_transposed_avx2(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols,
+                                             float* dst) {
+  constexpr size_t es = E == Elem::F32 ? 4 : 2;
+  const int64_t whole = k / 8 * 8;
+  for (int64_t jr = 0; jr < cols; jr += NR) {
+    float* panel = dst + jr / NR * k * NR;
+    for (int64_t half = 0; half < NR; half += 8) {
+      const std::byte* rows[8];
+      for (int i = 0; i < 8; ++i) rows[i] = b.data + static_cast<size_t>((col0 + jr + half + i) * b.ld) * es;
+      for (int64_t p = 0; p < whole; p += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = load8_as_float<E>(rows[i] + static_cast<size_t>(p) * es);
+        transpose8(r);
+        for (int q = 0; q < 8; ++q) _mm256_storeu_ps(panel + (p + q) * NR + half, r[q]);
+      }
+      for (int64_t p = whole; p < k; ++p)
+        for (int i = 0; i < 8; ++i) panel[p * NR + half + i] = load_float(rows[i], E, p);
+    }
+  }
+}
+
+// The panels pack_b_transposed_avx2 can take (whole ones of an fp32/fp16/bf16 operand); returns how many columns
+// it packed.
+int64_t pack_b_transposed_fast(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, float* dst) {
+  const int64_t whole = cols / NR * NR;
+  switch (b.elem) {
+    case Elem::F32:
+      pack_b_transposed_avx2<Elem::F32>(b, k, col0, whole, dst);
+      return whole;
+    case Elem::BF16:
+      pack_b_transposed_avx2<Elem::BF16>(b, k, col0, whole, dst);
+      return whole;
+    case Elem::F16:
+      pack_b_transposed_avx2<Elem::F16>(b, k, col0, whole, dst);
+      return whole;
+    default:
+      return 0;
+  }
+}
+// Whole panels (MR rows each) of a row-major A over rows [row0, row0 + rows), rows a multiple of MR, and depth
+// [p0, p0 + kc): 8 x 8 blocks transposed in registers (two duplicate rows fill the block; their lanes are dropped).
+template <Elem E>
+NPUSIM_PACK_AVX2 void pack_a_rows_avx2(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc,
+                                       float* dst) {
+  static_assert(MR == 6, "the stores below write 6 lanes");
+  constexpr size_t es = E == Elem::F32 ? 4 : 2;
+  const int64_t whole = kc / 8 * 8;
+  for (int64_t ir = 0; ir < rows; ir += MR) {
+    float* panel = dst + ir / MR * kc * MR;
+    const std::byte* src[8];
+    for (int i = 0; i < 8; ++i)
+      src[i] = a.data + static_cast<size_t>((row0 + ir + std::min<int64_t>(i, MR - 1)) * a.ld + p0) * es;
+    for (int64_t p = 0; p < whole; p += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = load8_as_float<E>(src[i] + static_cast<size_t>(p) * es);
+      transpose8(r);
+      for (int q = 0; q < 8; ++q) {
+        float* out = panel + (p + q) * MR;
+        _mm_storeu_ps(out, _mm256_castps256_ps128(r[q]));
+        _mm_storel_pi(reinterpret_cast<__m64*>(out + 4), _mm256_extractf128_ps(r[q], 1));
+      }
+    }
+    for (int64_t p = whole; p < kc; ++p)
+      for (int i = 0; i < MR; ++i) panel[p * MR + i] = load_float(src[i], E, p);
+  }
+}
+
+// The panels pack_a_rows_avx2 can take (whole ones of a row-major fp32/fp16/bf16 operand); returns how many rows
+// it packed.
+int64_t pack_a_rows_fast(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst) {
+  if (a.transposed) return 0;
+  const int64_t whole = rows / MR * MR;
+  switch (a.elem) {
+    case Elem::F32:
+      pack_a_rows_avx2<Elem::F32>(a, row0, whole, p0, kc, dst);
+      return whole;
+    case Elem::BF16:
+      pack_a_rows_avx2<Elem::BF16>(a, row0, whole, p0, kc, dst);
+      return whole;
+    case Elem::F16:
+      pack_a_rows_avx2<Elem::F16>(a, row0, whole, p0, kc, dst);
+      return whole;
+    default:
+      return 0;
+  }
+}
+#endif
+
 // Rows [row0, row0 + rows) x depth [p0, p0 + kc) of a strided A into panels of MR rows (kc * MR floats each).
-void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst) {
+void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst,
+                    bool avx2) {
   const size_t es = elem_size(a.elem);
   alignas(64) float line[std::max(kMaxDepthBlock, kMaxDepthBlockFewColumns)];
-  for (int64_t ir = 0; ir < rows; ir += MR) {
+  int64_t first = 0;  // rows before this one are packed already
+#ifdef NPUSIM_GEMM_X86
+  if (avx2) first = pack_a_rows_fast(a, row0, rows, p0, kc, dst);
+#else
+  (void)avx2;
+#endif
+  for (int64_t ir = first; ir < rows; ir += MR) {
     float* panel = dst + ir / MR * kc * MR;
     const int64_t height = std::min(MR, rows - ir);
     if (a.transposed) {  // element (i, p) at data[p * ld + i]: MR values of one depth step are contiguous
@@ -258,10 +392,16 @@ void pack_a_converted(const PackedMatrix& a, int64_t row0, int64_t rows, int64_t
 }
 
 // Columns [col0, col0 + cols) of a strided B over its whole depth k into panels of NR columns (k * NR floats each).
-void pack_b_strided(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, float* dst) {
+void pack_b_strided(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, float* dst, bool avx2) {
   const size_t es = elem_size(b.elem);
   alignas(64) float line[NR];
-  for (int64_t jr = 0; jr < cols; jr += NR) {
+  int64_t first = 0;  // columns before this one are packed already
+#ifdef NPUSIM_GEMM_X86
+  if (avx2 && b.transposed) first = pack_b_transposed_fast(b, k, col0, cols, dst);
+#else
+  (void)avx2;
+#endif
+  for (int64_t jr = first; jr < cols; jr += NR) {
     float* panel = dst + jr / NR * k * NR;
     const int64_t width = std::min(NR, cols - jr);
     if (!b.transposed) {                         // element (p, j) at data[p * ld + j]: a panel row is contiguous
@@ -470,7 +610,7 @@ PackedGemm::PackedGemm(const GemmSpec& spec, ScratchSpace& scratch) : spec_(spec
   nc_ = std::min(kMaxColBlock, round_up(std::max<int64_t>(spec.n, 1), NR));
   if (!spec.b_prepacked) {
     const int64_t fits = kPackedBBlockBytes / (std::max<int64_t>(spec.k, 1) * 4) / NR * NR;
-    nc_ = std::min(nc_, std::max(NR, fits));
+    nc_ = std::min(nc_, std::max(kMinPackedBColumns, fits));
   }
   int64_t floats = mc_ * nc_ + mc_ * kc_;
   if (!spec.b_prepacked) floats += spec.k * nc_;
@@ -558,7 +698,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
     const int64_t cols = std::min(nc, region.col1 - jc);
     if (!packed_b) {
       if (const auto* s = std::get_if<StridedOperand>(&ops.b))
-        pack_b_strided(*s, k, jc, cols, buffers.b_block);
+        pack_b_strided(*s, k, jc, cols, buffers.b_block, avx2);
       else
         pack_b_im2col(std::get<Im2colOperand>(ops.b), k, jc, cols, buffers.b_block, avx2);
     }
@@ -572,7 +712,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           if (packed_a)
             pack_a_converted(*packed_a, ic, rows, pc, depth, buffers.a_block);
           else
-            pack_a_strided(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, buffers.a_block);
+            pack_a_strided(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, buffers.a_block, avx2);
         }
         auto b_panel = [&](int64_t jr) {
           return packed_b ? packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es
