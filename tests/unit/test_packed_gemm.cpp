@@ -230,6 +230,28 @@ TEST_P(PackedGemmTest, EveryLayoutAndStorageType) {
             }
 }
 
+// Both operands bf16, A row-major and B a transposed weight (a bf16 model's linear layers): on CPUs with AVX-512
+// BF16 the AVX-512 kernels multiply depth pairs. Odd depths, partial panels and several depth blocks.
+TEST_P(PackedGemmTest, Bf16OperandsTogether) {
+  for (int64_t m : {1, 5, 6, 7, 13, 100})
+    for (int64_t n : {1, 15, 16, 17, 33, 100})
+      for (int64_t k : {0, 1, 2, 3, 15, 16, 17, 31, 257, 600}) {
+        check({.m = m,
+               .n = n,
+               .k = k,
+               .b = Source::Strided,
+               .a_elem = Elem::BF16,
+               .b_elem = Elem::BF16,
+               .c_elem = k % 2 == 1 ? Elem::BF16 : Elem::F32,
+               .b_transposed = true,
+               .a_pad = 3,
+               .b_pad = 5,
+               .column_bias = n % 2 == 1,
+               .threads = static_cast<int>(m % 2) + 1});
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
 TEST_P(PackedGemmTest, Epilogues) {
   const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {5, 7, 2}, {31, 17, 100}, {100, 257, 64}};
   for (const auto& [m, n, k] : shapes)

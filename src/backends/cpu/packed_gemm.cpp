@@ -49,6 +49,9 @@ namespace gemm_detail {
 using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c, int64_t ldc,
                             bool accumulate);
 PairKernel avx512_kernel(Elem b_elem, bool pair);  // packed_gemm_avx512.cpp
+using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
+                                int64_t ldc, bool accumulate);
+Bf16PairKernel avx512_bf16_pair_kernel(bool pair);  // packed_gemm_avx512.cpp
 }  // namespace gemm_detail
 #endif
 
@@ -156,6 +159,15 @@ bool cpu_has_avx512() {
 #ifdef NPUSIM_GEMM_X86
   static const bool has = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                           __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512_bf16() {
+#ifdef NPUSIM_GEMM_X86
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
   return has;
 #else
   return false;
@@ -339,6 +351,42 @@ int64_t pack_a_rows_fast(const StridedOperand& a, int64_t row0, int64_t rows, in
     default:
       return 0;
   }
+}
+// Depth pairs of 16 bf16 columns (weight rows from `first_row`, row stride ld) as 32-bit words, 8 pairs of 8
+// columns per register transpose; returns the pairs packed (those covered by whole 16-value loads).
+NPUSIM_PACK_AVX2 int64_t pack_b_pairs_avx2(const uint16_t* first_row, int64_t ld, int64_t k, uint32_t* panel) {
+  const int64_t whole = k / 16 * 8;
+  for (int64_t half = 0; half < NR; half += 8) {
+    const uint16_t* rows[8];
+    for (int i = 0; i < 8; ++i) rows[i] = first_row + (half + i) * ld;
+    for (int64_t p = 0; p < whole; p += 8) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + 2 * p)));
+      transpose8(r);
+      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(reinterpret_cast<float*>(panel + (p + q) * NR + half), r[q]);
+    }
+  }
+  return whole;
+}
+
+// Depth pairs of MR bf16 rows (from `first`, row stride ld, kc values) as 32-bit words; returns the pairs packed.
+NPUSIM_PACK_AVX2 int64_t pack_a_pairs_avx2(const uint16_t* first, int64_t ld, int64_t kc, uint32_t* panel) {
+  const int64_t whole = kc / 16 * 8;
+  const uint16_t* rows[8];
+  for (int i = 0; i < 8; ++i) rows[i] = first + std::min<int64_t>(i, MR - 1) * ld;
+  for (int64_t p = 0; p < whole; p += 8) {
+    __m256 r[8];
+    for (int i = 0; i < 8; ++i)
+      r[i] = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + 2 * p)));
+    transpose8(r);
+    for (int q = 0; q < 8; ++q) {
+      float* out = reinterpret_cast<float*>(panel + (p + q) * MR);
+      _mm_storeu_ps(out, _mm256_castps256_ps128(r[q]));
+      _mm_storel_pi(reinterpret_cast<__m64*>(out + 4), _mm256_extractf128_ps(r[q], 1));
+    }
+  }
+  return whole;
 }
 #endif
 
@@ -606,6 +654,7 @@ PackedGemm::PackedGemm(const GemmSpec& spec, ScratchSpace& scratch) : spec_(spec
   const int64_t max_depth = spec.n <= 4 * NR ? kMaxDepthBlockFewColumns : kMaxDepthBlock;
   const int64_t depth_blocks = std::max<int64_t>(1, ceil_div(spec.k, max_depth));
   kc_ = std::max<int64_t>(1, ceil_div(spec.k, depth_blocks));
+  if (kc_ < spec.k) kc_ = round_up(kc_, 2);  // every depth block starts at an even depth (bf16 pairs)
   mc_ = std::min(kMaxRowBlock, round_up(std::max<int64_t>(spec.m, 1), MR));
   nc_ = std::min(kMaxColBlock, round_up(std::max<int64_t>(spec.n, 1), NR));
   if (!spec.b_prepacked) {
@@ -675,6 +724,57 @@ void check_operand(const GemmOperand& operand, GemmSide side, bool prepacked, in
   fail(std::string("packed GEMM: operand ") + name + " was planned to be packed during the product");
 }
 
+// ---- bf16 depth pairs (AVX-512 BF16 products of two bf16 operands) ----
+
+// The values at depths `first` and `first + 1` (zero at or past `end`) as one word, the first in the low half.
+uint32_t pair_word(const uint16_t* row, int64_t first, int64_t end) {
+  const uint32_t low = row[first], high = first + 1 < end ? row[first + 1] : 0;
+  return low | high << 16;
+}
+
+// Columns [col0, col0 + cols) of a transposed bf16 B (a linear weight [n, k]) over its whole depth into panels of
+// NR columns of depth pairs: word (p, j) holds column j's values at depths 2p and 2p + 1.
+void pack_b_pairs(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, uint32_t* dst) {
+  const int64_t pairs = (k + 1) / 2;
+  const auto* data = reinterpret_cast<const uint16_t*>(b.data);
+  for (int64_t jr = 0; jr < cols; jr += NR) {
+    uint32_t* panel = dst + jr / NR * pairs * NR;
+    const int64_t width = std::min(NR, cols - jr);
+    int64_t done = 0;
+#ifdef NPUSIM_GEMM_X86
+    if (width == NR) done = pack_b_pairs_avx2(data + (col0 + jr) * b.ld, b.ld, k, panel);
+#endif
+    for (int64_t j = 0; j < NR; ++j)
+      for (int64_t p = done; p < pairs; ++p)
+        panel[p * NR + j] = j < width ? pair_word(data + (col0 + jr + j) * b.ld, 2 * p, k) : 0;
+  }
+}
+
+// Rows [row0, row0 + rows) x depth [p0, p0 + kc) of a row-major bf16 A into panels of MR rows of depth pairs.
+void pack_a_pairs(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, uint32_t* dst) {
+  const int64_t pairs = (kc + 1) / 2;
+  const auto* data = reinterpret_cast<const uint16_t*>(a.data);
+  for (int64_t ir = 0; ir < rows; ir += MR) {
+    uint32_t* panel = dst + ir / MR * pairs * MR;
+    const int64_t height = std::min(MR, rows - ir);
+    int64_t done = 0;
+#ifdef NPUSIM_GEMM_X86
+    if (height == MR) done = pack_a_pairs_avx2(data + (row0 + ir) * a.ld + p0, a.ld, kc, panel);
+#endif
+    for (int64_t r = 0; r < MR; ++r)
+      for (int64_t p = done; p < pairs; ++p)
+        panel[p * MR + r] = r < height ? pair_word(data + (row0 + ir + r) * a.ld + p0, 2 * p, kc) : 0;
+  }
+}
+
+// Whether a product can run on bf16 pairs: both operands bf16 (every product exact in fp32, so only the order of
+// the additions differs from widening both), A row-major and B a transposed weight, both packed during the product.
+bool bf16_pair_operands(const Operands& ops) {
+  const auto* a = std::get_if<StridedOperand>(&ops.a);
+  const auto* b = std::get_if<StridedOperand>(&ops.b);
+  return a && b && a->elem == Elem::BF16 && !a->transposed && b->elem == Elem::BF16 && b->transposed;
+}
+
 void run_region(const Region& region, const Operands& ops, const GemmSpec& spec, int64_t kc, int64_t mc, int64_t nc,
                 const WorkerBuffers& buffers, GemmKernelChoice kernel) {
   const bool avx2 = kernel != GemmKernelChoice::Portable;
@@ -694,8 +794,41 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   const gemm_detail::PairKernel pair512 = avx512 ? gemm_detail::avx512_kernel(b_elem, true) : nullptr;
 #endif
   const size_t b_es = packed_b ? elem_size(packed_b->elem()) : sizeof(float);
+#ifdef NPUSIM_GEMM_X86
+  const bool pairs = avx512 && !packed_a && !packed_b && cpu_has_avx512_bf16() && bf16_pair_operands(ops);
+  const gemm_detail::Bf16PairKernel single_pairs = pairs ? gemm_detail::avx512_bf16_pair_kernel(false) : nullptr;
+  const gemm_detail::Bf16PairKernel double_pairs = pairs ? gemm_detail::avx512_bf16_pair_kernel(true) : nullptr;
+#endif
+  const int64_t k_pairs = (k + 1) / 2;
+  auto* a_words = reinterpret_cast<uint32_t*>(buffers.a_block);
+  auto* b_words = reinterpret_cast<uint32_t*>(buffers.b_block);
   for (int64_t jc = region.col0; jc < region.col1; jc += nc) {
     const int64_t cols = std::min(nc, region.col1 - jc);
+#ifdef NPUSIM_GEMM_X86
+    if (pairs) {
+      pack_b_pairs(std::get<StridedOperand>(ops.b), k, jc, cols, b_words);
+      for (int64_t ic = region.row0; ic < region.row1; ic += mc) {
+        const int64_t rows = std::min(mc, region.row1 - ic);
+        if (k == 0)
+          for (int64_t i = 0; i < rows; ++i) std::fill(buffers.sums + i * nc, buffers.sums + i * nc + cols, 0.0f);
+        for (int64_t pc = 0; pc < k; pc += kc) {  // kc is even when k takes several blocks
+          const int64_t depth = std::min(kc, k - pc), depth_pairs = (depth + 1) / 2;
+          pack_a_pairs(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, a_words);
+          for (int64_t jr = 0; jr < cols;) {
+            const bool two = cols - jr > NR;
+            const uint32_t* b0 = b_words + jr / NR * k_pairs * NR + pc / 2 * NR;
+            const uint32_t* b1 = two ? b0 + k_pairs * NR : b0;
+            for (int64_t ir = 0; ir < rows; ir += MR)
+              (two ? double_pairs : single_pairs)(depth_pairs, a_words + ir / MR * depth_pairs * MR, b0, b1,
+                                                  buffers.sums + ir * nc + jr, nc, pc > 0);
+            jr += two ? 2 * NR : NR;
+          }
+        }
+        store_rows(buffers.sums, nc, rows, cols, ic, jc, ops.c, ops.epilogue);
+      }
+      continue;
+    }
+#endif
     if (!packed_b) {
       if (const auto* s = std::get_if<StridedOperand>(&ops.b))
         pack_b_strided(*s, k, jc, cols, buffers.b_block, avx2);

@@ -1,5 +1,6 @@
 // The AVX-512 micro-kernels of the packed GEMM: one A panel (6 rows) against one or two B panels (16 columns
-// each, one zmm register per panel row), so a call covers a 6x16 or 6x32 tile. Compiled for AVX-512 with function
+// each, one zmm register per panel row), so a call covers a 6x16 or 6x32 tile; with AVX-512 BF16, the same tiles
+// over bf16 operands packed in depth pairs. Compiled for AVX-512 with function
 // attributes only; packed_gemm.cpp calls them when the CPU reports avx512f.
 // GCC 12 warns about the deliberately undefined pass-through operand inside its own AVX-512 conversion intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -59,6 +60,37 @@ NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0,
   }
 }
 
+// bf16 pairs (AVX-512 BF16): a holds MR 32-bit words per depth pair (rows' values at depths 2p and 2p+1), b0/b1
+// NR words per pair (columns' values at 2p and 2p+1); each vdpbf16ps multiplies both depths exactly and adds them
+// in fp32.
+template <int Panels>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_bf16_pairs(int64_t pairs, const uint32_t* a,
+                                                                                      const uint32_t* b0,
+                                                                                      const uint32_t* b1, float* c,
+                                                                                      int64_t ldc, bool accumulate) {
+  __m512 s[MR][Panels];
+  for (int r = 0; r < MR; ++r)
+    for (int q = 0; q < Panels; ++q) s[r][q] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p, a += MR, b0 += NR, b1 += NR) {
+    const __m512bh x0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b0));
+    __m512bh x1 = x0;
+    if constexpr (Panels == 2) x1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b1));
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh ar = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(a[r])));
+      s[r][0] = _mm512_dpbf16_ps(s[r][0], ar, x0);
+      if constexpr (Panels == 2) s[r][1] = _mm512_dpbf16_ps(s[r][1], ar, x1);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    for (int q = 0; q < Panels; ++q) {
+      __m512 sum = s[r][q];
+      if (accumulate) sum = _mm512_add_ps(sum, _mm512_loadu_ps(row + NR * q));
+      _mm512_storeu_ps(row + NR * q, sum);
+    }
+  }
+}
+
 }  // namespace
 
 using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c, int64_t ldc,
@@ -75,6 +107,11 @@ PairKernel avx512_kernel(Elem b_elem, bool pair) {
       return pair ? micro_avx512<Elem::F32, 2> : micro_avx512<Elem::F32, 1>;
   }
 }
+
+using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
+                                int64_t ldc, bool accumulate);
+
+Bf16PairKernel avx512_bf16_pair_kernel(bool pair) { return pair ? micro_bf16_pairs<2> : micro_bf16_pairs<1>; }
 
 }  // namespace npusim::cpu::gemm_detail
 
