@@ -1,12 +1,13 @@
 #include "npusim/tensor.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+
+#include "core/zeroed_memory.h"
 
 namespace npusim {
 
@@ -63,37 +64,10 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-namespace {
-
-constexpr size_t kHugePage = size_t{2} << 20;
-
-// Zeroed storage. Large tensors (weights, mostly) get a mapping of their own, aligned to 2 MiB and offered to
-// transparent huge pages: a decode step streams every weight once, and reading them through 4 KiB pages (a file
-// mapping, or the default heap) measured 15-20% slower on x86. Fresh anonymous pages are zero already.
-std::shared_ptr<const void> zeroed_storage(size_t bytes, std::byte*& data) {
-  if (bytes < kHugePage) {
-    auto storage = std::shared_ptr<std::byte[]>(new std::byte[bytes == 0 ? 1 : bytes]());
-    data = storage.get();
-    return std::shared_ptr<const void>(storage, storage.get());
-  }
-  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* raw = ::mmap(nullptr, rounded + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) fail("cannot allocate " + std::to_string(bytes) + " bytes for a tensor");
-  const auto begin = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
-  if (aligned > begin) ::munmap(raw, aligned - begin);
-  if (aligned + rounded < begin + rounded + kHugePage)
-    ::munmap(reinterpret_cast<void*>(aligned + rounded), begin + kHugePage - aligned);
-  auto* memory = reinterpret_cast<std::byte*>(aligned);
-  ::madvise(memory, rounded, MADV_HUGEPAGE);  // advice only: without huge pages the memory works the same
-  data = memory;
-  return std::shared_ptr<const void>(memory, [rounded](const void* p) { ::munmap(const_cast<void*>(p), rounded); });
-}
-
-}  // namespace
-
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)), writable_(true) {
-  owner_ = zeroed_storage(checked_allocation_bytes(dtype_, shape_), data_);
+  std::shared_ptr<std::byte> storage = allocate_zeroed(checked_allocation_bytes(dtype_, shape_), "a tensor");
+  data_ = storage.get();
+  owner_ = std::move(storage);
 }
 
 Tensor Tensor::borrow(DType dtype, Shape shape, const void* data, std::shared_ptr<const void> owner) {

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "core/cpu_features.h"
+
 namespace npusim::ops {
 
 namespace {
@@ -119,9 +121,7 @@ struct Kernels {
 const Kernels& kernels() {
   static const Kernels selected = [] {
 #ifdef NPUSIM_HAVE_AVX2_CLONES
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-      return Kernels{kNv * 8, micro_kernel_avx2, dot_avx2, axpy_avx2};
+    if (cpu_features().avx2 && cpu_features().fma) return Kernels{kNv * 8, micro_kernel_avx2, dot_avx2, axpy_avx2};
 #endif
     return Kernels{kNv * 4, micro_kernel_baseline, dot_baseline, axpy_baseline};
   }();

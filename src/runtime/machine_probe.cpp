@@ -17,7 +17,6 @@
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 #define NPUSIM_PROBE_X86 1
 #endif
@@ -27,25 +26,6 @@ namespace npusim {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-#ifdef NPUSIM_PROBE_X86
-uint64_t read_xcr0() {
-  uint32_t eax = 0, edx = 0;
-  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
-  return (static_cast<uint64_t>(edx) << 32) | eax;
-}
-
-// AMX needs the tile bit of CPUID leaf 7 and the OS saving the tile state (XCR0 bits 17 and 18).
-bool amx_usable() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  const bool amx_tile = (edx >> 24) & 1;
-  unsigned eax1 = 0, ebx1 = 0, ecx1 = 0, edx1 = 0;
-  if (!__get_cpuid(1, &eax1, &ebx1, &ecx1, &edx1) || !((ecx1 >> 27) & 1)) return false;  // OSXSAVE
-  constexpr uint64_t kTileState = (uint64_t{1} << 17) | (uint64_t{1} << 18);
-  return amx_tile && (read_xcr0() & kTileState) == kTileState;
-}
-#endif
 
 std::string cpu_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -206,27 +186,13 @@ double fma_rate(int threads, int repeats, bool avx2_fma) {
 
 }  // namespace
 
-CpuFeatures detect_cpu_features() {
-  CpuFeatures features;
-#ifdef NPUSIM_PROBE_X86
-  __builtin_cpu_init();
-  features.avx2 = __builtin_cpu_supports("avx2");
-  features.fma = __builtin_cpu_supports("fma");
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // f16c by cpuid: clang 14's __builtin_cpu_supports lacks it
-  features.f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-  features.avx512f = __builtin_cpu_supports("avx512f");
-  features.amx = amx_usable();
-#endif
-  return features;
-}
-
 MachineProbe probe_machine(const ProbeOptions& options) {
   const auto start = Clock::now();
   MachineProbe probe;
   probe.cpu_name = cpu_name();
   probe.hardware_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   probe.threads = options.threads > 0 ? options.threads : probe.hardware_threads;
-  probe.features = detect_cpu_features();
+  probe.features = cpu_features();
   const bool avx2_fma = probe.features.avx2 && probe.features.fma;
   probe.fma_kernel = avx2_fma ? "avx2+fma" : "scalar";
 

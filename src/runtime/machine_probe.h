@@ -3,17 +3,9 @@
 // FMA peak, on one thread and on N. `npusim probe` prints it; `npusim bench` divides by it for efficiency.
 #include <string>
 
+#include "core/cpu_features.h"
+
 namespace npusim {
-
-struct CpuFeatures {
-  bool avx2 = false;
-  bool fma = false;
-  bool f16c = false;
-  bool avx512f = false;
-  bool amx = false;  // AMX tiles present and enabled by the OS
-};
-
-CpuFeatures detect_cpu_features();
 
 struct ProbeOptions {
   int threads = 0;                          // the "N threads" measurements; 0: one per hardware thread

@@ -53,15 +53,17 @@ TEST(MachineProbe, OddBufferSizeAndOneThread) {
 }
 
 TEST(MachineProbe, FeaturesAgreeWithTheCompiler) {
-  const CpuFeatures features = detect_cpu_features();
+  const CpuFeatures& features = cpu_features();
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   EXPECT_EQ(features.avx2, static_cast<bool>(__builtin_cpu_supports("avx2")));
   EXPECT_EQ(features.fma, static_cast<bool>(__builtin_cpu_supports("fma")));
   EXPECT_EQ(features.f16c, static_cast<bool>(__builtin_cpu_supports("f16c")));
   EXPECT_EQ(features.avx512f, static_cast<bool>(__builtin_cpu_supports("avx512f")));
-  // Every CPU with AMX tiles also has AVX-512.
-  if (features.amx) EXPECT_TRUE(features.avx512f);
+  EXPECT_EQ(features.avx512bw, static_cast<bool>(__builtin_cpu_supports("avx512bw")));
+  EXPECT_EQ(features.avx512vl, static_cast<bool>(__builtin_cpu_supports("avx512vl")));
+  // Every CPU with AMX tiles or AVX-512 BF16 also has AVX-512.
+  if (features.amx || features.avx512bf16) EXPECT_TRUE(features.avx512f);
 #else
   EXPECT_FALSE(features.avx2 || features.fma || features.f16c || features.avx512f || features.amx);
 #endif

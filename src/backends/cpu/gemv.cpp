@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "npusim/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -573,29 +574,14 @@ void avx512_bf16_row(const GemvProblem& p, int64_t j) {
 #pragma GCC pop_options
 #endif
 
-bool cpu_has_avx2() {
-#ifdef NPUSIM_GEMV_X86
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-#else
-  return false;
-#endif
-}
-
-bool cpu_has_avx512_bf16() {
-#ifdef NPUSIM_GEMV_X86
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
-
 GemvIsa detected_isa() {
-  static const GemvIsa isa = !cpu_has_avx2()         ? GemvIsa::Portable
-                             : cpu_has_avx512_bf16() ? GemvIsa::Avx512Bf16
-                                                     : GemvIsa::Avx2;
-  return isa;
+#ifdef NPUSIM_GEMV_X86
+  const CpuFeatures& cpu = cpu_features();
+  if (!cpu.avx2_fma_f16c()) return GemvIsa::Portable;
+  return cpu.avx512() && cpu.avx512bf16 ? GemvIsa::Avx512Bf16 : GemvIsa::Avx2;
+#else
+  return GemvIsa::Portable;
+#endif
 }
 
 std::atomic<int> forced_isa{-1};

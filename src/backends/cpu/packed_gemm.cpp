@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "core/cpu_features.h"
 #include "npusim/error.h"
 
 namespace npusim::cpu {
@@ -145,34 +146,14 @@ __attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float
 
 #endif  // NPUSIM_GEMM_X86
 
-bool cpu_has_avx2() {
 #ifdef NPUSIM_GEMM_X86
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  return has;
+bool cpu_has_avx2() { return cpu_features().avx2_fma_f16c(); }
+bool cpu_has_avx512() { return cpu_features().avx512(); }
+bool cpu_has_avx512_bf16() { return cpu_features().avx512() && cpu_features().avx512bf16; }
 #else
-  return false;
+bool cpu_has_avx2() { return false; }
+bool cpu_has_avx512() { return false; }
 #endif
-}
-
-bool cpu_has_avx512() {
-#ifdef NPUSIM_GEMM_X86
-  static const bool has = cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
-  return has;
-#else
-  return false;
-#endif
-}
-
-bool cpu_has_avx512_bf16() {
-#ifdef NPUSIM_GEMM_X86
-  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
-  return has;
-#else
-  return false;
-#endif
-}
 
 std::atomic<GemmKernelChoice> g_choice{GemmKernelChoice::Best};
 

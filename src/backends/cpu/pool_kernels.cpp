@@ -12,6 +12,7 @@
 #endif
 
 #include "backends/cpu/kernels.h"
+#include "core/cpu_features.h"
 
 namespace npusim::cpu {
 
@@ -42,10 +43,7 @@ std::optional<std::array<int64_t, 2>> pair_attr(const Attrs& attrs, const std::s
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 #ifdef NPUSIM_POOL_X86
-bool cpu_has_avx2() {
-  static const bool has = __builtin_cpu_supports("avx2");
-  return has;
-}
+bool cpu_has_avx2() { return cpu_features().avx2; }
 
 // The larger of a and b per lane, NaN when either is NaN.
 __attribute__((target("avx2"), always_inline)) inline __m256 nan_max8(__m256 a, __m256 b) {

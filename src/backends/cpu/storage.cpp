@@ -2,6 +2,9 @@
 
 #include <cstdlib>
 
+#include "core/cpu_features.h"
+#include "core/zeroed_memory.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define NPUSIM_CPU_X86 1
@@ -138,11 +141,10 @@ const Converters& converters() {
   static const Converters selected = [] {
     Converters c{bf16_to_f32_plain, f32_to_bf16_plain, f16_to_f32_plain, f32_to_f16_plain};
 #ifdef NPUSIM_CPU_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) {
+    if (cpu_features().avx2) {
       c.bf16_to_f32 = bf16_to_f32_avx2;
       c.f32_to_bf16 = f32_to_bf16_avx2;
-      if (__builtin_cpu_supports("f16c")) {
+      if (cpu_features().f16c) {
         c.f16_to_f32 = f16_to_f32_f16c;
         c.f32_to_f16 = f32_to_f16_f16c;
       }
@@ -351,13 +353,7 @@ AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
   if (bytes > physical_memory_bytes())
     fail("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes, more than this machine's " +
          std::to_string(physical_memory_bytes()) + " bytes of memory");
-  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  auto* memory = static_cast<std::byte*>(std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded));
-  if (!memory) fail("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes");
-  std::memset(memory, 0, rounded == 0 ? kAlignment : rounded);
-  data_.reset(memory);
+  data_ = allocate_zeroed(bytes, "a cpu backend buffer");
 }
-
-void AlignedBuffer::Free::operator()(std::byte* p) const { std::free(p); }
 
 }  // namespace npusim::cpu

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/zeroed_memory.h"
 #include "npusim/dtype.h"
 #include "npusim/graph.h"
 #include "npusim/tensor.h"
@@ -74,10 +75,7 @@ class AlignedBuffer {
   size_t size() const { return size_; }
 
  private:
-  struct Free {
-    void operator()(std::byte* p) const;
-  };
-  std::unique_ptr<std::byte, Free> data_;
+  ZeroedMemory data_;
   size_t size_ = 0;
 };
 

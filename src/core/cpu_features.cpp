@@ -1,0 +1,61 @@
+#include "core/cpu_features.h"
+
+#include <cstdint>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define NPUSIM_FEATURES_X86 1
+#endif
+
+namespace npusim {
+
+namespace {
+
+#ifdef NPUSIM_FEATURES_X86
+uint64_t read_xcr0() {
+  uint32_t eax = 0, edx = 0;
+  __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
+  return (static_cast<uint64_t>(edx) << 32) | eax;
+}
+
+bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
+  unsigned r[4] = {0, 0, 0, 0};
+  if (!__get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3])) return false;
+  return (r[reg] >> bit) & 1;
+}
+
+constexpr int kEax = 0, kEdx = 3;
+
+// AMX needs the tile bit of CPUID leaf 7 and the OS saving the tile state (XCR0 bits 17 and 18).
+bool amx_usable() {
+  if (!cpuid_bit(7, 0, kEdx, 24) || !cpuid_bit(1, 0, 2, 27)) return false;  // AMX-TILE, OSXSAVE
+  constexpr uint64_t kTileState = (uint64_t{1} << 17) | (uint64_t{1} << 18);
+  return (read_xcr0() & kTileState) == kTileState;
+}
+
+CpuFeatures detect() {
+  CpuFeatures f;
+  __builtin_cpu_init();
+  f.avx2 = __builtin_cpu_supports("avx2");
+  f.fma = __builtin_cpu_supports("fma");
+  // By CPUID where clang 14's __builtin_cpu_supports lacks the name (the fuzz build uses it).
+  f.f16c = cpuid_bit(1, 0, 2, 29);
+  f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512bw = __builtin_cpu_supports("avx512bw");
+  f.avx512vl = __builtin_cpu_supports("avx512vl");
+  f.avx512bf16 = f.avx512f && cpuid_bit(7, 1, kEax, 5);  // the OS state is that of avx512f
+  f.amx = amx_usable();
+  return f;
+}
+#else
+CpuFeatures detect() { return {}; }
+#endif
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures features = detect();
+  return features;
+}
+
+}  // namespace npusim

@@ -1,0 +1,24 @@
+#pragma once
+// The vector extensions this CPU offers (and the OS enables), detected once; every kernel that picks an
+// implementation at run time asks here.
+
+namespace npusim {
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vl = false;
+  bool avx512bf16 = false;  // vdpbf16ps
+  bool amx = false;         // AMX tiles present and enabled by the OS
+
+  bool avx2_fma_f16c() const { return avx2 && fma && f16c; }
+  // The AVX-512 subset the kernels use (F, BW, VL), on top of AVX2.
+  bool avx512() const { return avx2_fma_f16c() && avx512f && avx512bw && avx512vl; }
+};
+
+const CpuFeatures& cpu_features();
+
+}  // namespace npusim
