@@ -150,22 +150,29 @@ WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weig
 
   // U[xi][o][c] = (G w G^T)[i][j], computed in double.
   std::vector<float> transformed(static_cast<size_t>(alpha * alpha * cout * cin));
-  for (int64_t o = 0; o < cout; ++o)
-    for (int64_t c = 0; c < cin; ++c) {
-      double w[3][3], gw[6][3];
-      for (int k = 0; k < 9; ++k) w[k / 3][k % 3] = load_float(weight, weight_elem, (o * cin + c) * 9 + k);
-      for (int i = 0; i < alpha; ++i)
-        for (int k = 0; k < 3; ++k) {
-          gw[i][k] = 0.0;
-          for (int r = 0; r < 3; ++r) gw[i][k] += (tile_ == 4 ? kG4[i][r] : kG2[i][r]) * w[r][k];
-        }
-      for (int i = 0; i < alpha; ++i)
-        for (int j = 0; j < alpha; ++j) {
-          double sum = 0.0;
-          for (int k = 0; k < 3; ++k) sum += gw[i][k] * (tile_ == 4 ? kG4[j][k] : kG2[j][k]);
-          transformed[static_cast<size_t>(((i * alpha + j) * cout + o) * cin + c)] = static_cast<float>(sum);
-        }
-    }
+  const double(*gm)[3] = tile_ == 4 ? kG4 : kG2;
+  // Per output channel, over all input channels at once (contiguous, vectorizable): taps [9][cin] as doubles, then
+  // G w -> [alpha][3][cin], then (G w) G^T -> the alpha^2 planes.
+  std::vector<float> row(static_cast<size_t>(cin * 9));
+  std::vector<double> taps(static_cast<size_t>(9 * cin)), gw(static_cast<size_t>(alpha * 3 * cin));
+  for (int64_t o = 0; o < cout; ++o) {
+    to_float(weight + static_cast<size_t>(o * cin * 9) * elem_size(weight_elem), weight_elem, row.data(), cin * 9);
+    for (int64_t c = 0; c < cin; ++c)
+      for (int t = 0; t < 9; ++t) taps[static_cast<size_t>(t * cin + c)] = row[static_cast<size_t>(c * 9 + t)];
+    for (int i = 0; i < alpha; ++i)
+      for (int k = 0; k < 3; ++k) {
+        double* out = gw.data() + (i * 3 + k) * cin;
+        const double *w0 = taps.data() + k * cin, *w1 = taps.data() + (3 + k) * cin, *w2 = taps.data() + (6 + k) * cin;
+        for (int64_t c = 0; c < cin; ++c) out[c] = gm[i][0] * w0[c] + gm[i][1] * w1[c] + gm[i][2] * w2[c];
+      }
+    for (int i = 0; i < alpha; ++i)
+      for (int j = 0; j < alpha; ++j) {
+        float* out = transformed.data() + ((i * alpha + j) * cout + o) * cin;
+        const double *g0 = gw.data() + (i * 3) * cin, *g1 = g0 + cin, *g2 = g1 + cin;
+        for (int64_t c = 0; c < cin; ++c)
+          out[c] = static_cast<float>(g0[c] * gm[j][0] + g1[c] * gm[j][1] + g2[c] * gm[j][2]);
+      }
+  }
   for (int xi = 0; xi < alpha * alpha; ++xi) {
     const auto* u = reinterpret_cast<const std::byte*>(transformed.data() + static_cast<size_t>(xi) * cout * cin);
     weights_.push_back(tiles_as_rows_ ? PackedMatrix::pack(GemmSide::B, u, Elem::F32, cin, cout, cin, true)

@@ -614,19 +614,30 @@ PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem,
   m.panel_bytes_ = static_cast<size_t>(round_up(std::max<int64_t>(1, depth * width) * static_cast<int64_t>(es), 64));
   const int64_t panels = ceil_div(extent, width);
   m.storage_ = AlignedBuffer(m.panel_bytes_ * static_cast<size_t>(panels));  // zero-filled: the padding
-  // Logical element (r, c) of the operand; for A the panel runs over rows, for B over columns.
-  auto source = [&](int64_t r, int64_t c) {
-    return data + static_cast<size_t>(transposed ? c * ld + r : r * ld + c) * es;
-  };
-  for (int64_t panel = 0; panel < panels; ++panel) {
-    std::byte* dst = m.storage_.data() + static_cast<size_t>(panel) * m.panel_bytes_;
-    const int64_t first = panel * width, count = std::min(width, extent - first);
-    for (int64_t p = 0; p < depth; ++p)
-      for (int64_t i = 0; i < count; ++i) {
-        const std::byte* src = side == GemmSide::A ? source(first + i, p) : source(p, first + i);
-        std::memcpy(dst + static_cast<size_t>(p * width + i) * es, src, es);
+  // Element i of panel row p (depth p) comes from logical element (first + i, p) for A, (p, first + i) for B.
+  const auto pack_as = [&]<typename Bits>() {
+    const auto at = [&](int64_t r, int64_t c) { return static_cast<size_t>(transposed ? c * ld + r : r * ld + c); };
+    for (int64_t panel = 0; panel < panels; ++panel) {
+      auto* dst = reinterpret_cast<Bits*>(m.storage_.data() + static_cast<size_t>(panel) * m.panel_bytes_);
+      const int64_t first = panel * width, count = std::min(width, extent - first);
+      const auto copy = [&](int64_t p, int64_t i) {
+        const size_t index = side == GemmSide::A ? at(first + i, p) : at(p, first + i);
+        std::memcpy(dst + p * width + i, data + index * sizeof(Bits), sizeof(Bits));  // the source may be unaligned
+      };
+      // Walk the source along its rows.
+      if ((side == GemmSide::A) != transposed) {
+        for (int64_t i = 0; i < count; ++i)
+          for (int64_t p = 0; p < depth; ++p) copy(p, i);
+      } else {
+        for (int64_t p = 0; p < depth; ++p)
+          for (int64_t i = 0; i < count; ++i) copy(p, i);
       }
-  }
+    }
+  };
+  if (es == 4)
+    pack_as.template operator()<uint32_t>();
+  else
+    pack_as.template operator()<uint16_t>();
   return m;
 }
 
