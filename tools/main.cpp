@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "core/cpu_features.h"
 #include "npusim/error.h"
 
 namespace {
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
+    npusim::cpu_features();  // an invalid NPUSIM_CPU_ISA fails here, before any kernel is chosen
     if (command == "run") return npusim::cli::run_command(args);
     if (command == "verify") return npusim::cli::verify_command(args);
     if (command == "ops") return npusim::cli::ops_command(args);

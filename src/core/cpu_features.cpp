@@ -1,6 +1,10 @@
 #include "core/cpu_features.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "npusim/error.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -51,10 +55,22 @@ CpuFeatures detect() {
 CpuFeatures detect() { return {}; }
 #endif
 
+// The detected features less those above NPUSIM_CPU_ISA.
+CpuFeatures capped(CpuFeatures f) {
+  const char* cap = std::getenv("NPUSIM_CPU_ISA");
+  if (!cap || !*cap) return f;
+  const std::string isa = cap;
+  if (isa != "portable" && isa != "avx2" && isa != "avx512")
+    fail("NPUSIM_CPU_ISA must be portable, avx2 or avx512, got '" + isa + "'");
+  if (isa != "avx512") f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.amx = false;
+  if (isa == "portable") f.avx2 = f.fma = f.f16c = false;
+  return f;
+}
+
 }  // namespace
 
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures features = detect();
+  static const CpuFeatures features = capped(detect());
   return features;
 }
 

@@ -144,6 +144,29 @@ TEST(BenchCli, ModelDirectoryThroughExportedGraphs) {
   EXPECT_GT(json["decode_tok_s"].get<double>(), 0.0);
 }
 
+// NPUSIM_CPU_ISA caps the kernels' instruction sets: the probe reports the capped features and a graph still runs.
+TEST(BenchCli, IsaCapChoosesOlderKernels) {
+  for (const std::string isa : {"portable", "avx2", "avx512"}) {
+    const auto probe = test::run_command("NPUSIM_CPU_ISA=" + isa + " " + cli() + " probe --json");
+    ASSERT_EQ(probe.exit_code, 0) << probe.output;
+    const nlohmann::json json = nlohmann::json::parse(last_line(probe.output), nullptr, false);
+    ASSERT_TRUE(json.is_object() && json.contains("features")) << probe.output;
+    if (isa != "avx512") {
+      EXPECT_FALSE(json["features"]["avx512f"].get<bool>()) << isa;
+      EXPECT_FALSE(json["features"]["avx512bf16"].get<bool>()) << isa;
+    }
+    if (isa == "portable") EXPECT_FALSE(json["features"]["avx2"].get<bool>());
+    const auto run = test::run_command("NPUSIM_CPU_ISA=" + isa + " " + cli() + " bench " + tiny_graph() +
+                                       " --random-weights 1 --random-inputs 2 --iters 2 --warmup 0 --no-probe");
+    EXPECT_EQ(run.exit_code, 0) << isa << "\n" << run.output;
+  }
+  const auto bad = test::run_command("NPUSIM_CPU_ISA=sse9 " + cli() + " bench " + tiny_graph() +
+                                     " --random-weights 1 --random-inputs 2");
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("NPUSIM_CPU_ISA must be portable, avx2 or avx512, got 'sse9'"), std::string::npos)
+      << bad.output;
+}
+
 TEST(BenchCli, BadFlagsNameTheFlag) {
   const std::string graph = tiny_graph();
   expect_clean_failure(graph + " --random-weights 1 --random-inputs 2 --frobnicate", "unknown option '--frobnicate'");
