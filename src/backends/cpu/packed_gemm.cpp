@@ -244,171 +244,147 @@ NPUSIM_PACK_AVX2 inline void transpose8(__m256 (&r)[8]) {
   }
 }
 
-// Whole panels of a transposed B (a linear weight [n, k]: column j of B is row j of the weight) over columns
-// [col0, col0 + cols), cols a multiple of NR: blocks of 8 weight rows x 8 depth steps are transposed in registers.
-template <Elem E>
-NPUSIM_PACK_AVX2 void pack_b_transposed_avx2(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols,
-                                             float* dst) {
-  constexpr size_t es = E == Elem::F32 ? 4 : 2;
-  const int64_t whole = k / 8 * 8;
-  for (int64_t jr = 0; jr < cols; jr += NR) {
-    float* panel = dst + jr / NR * k * NR;
-    for (int64_t half = 0; half < NR; half += 8) {
-      const std::byte* rows[8];
-      for (int i = 0; i < 8; ++i) rows[i] = b.data + static_cast<size_t>((col0 + jr + half + i) * b.ld) * es;
+// The first `lanes` of v at out.
+NPUSIM_PACK_AVX2 inline void store_lanes(float* out, __m256 v, int lanes) {
+  if (lanes == 8) {
+    _mm256_storeu_ps(out, v);
+  } else if (lanes == 6) {  // an A panel (MR rows)
+    _mm_storeu_ps(out, _mm256_castps256_ps128(v));
+    _mm_storel_pi(reinterpret_cast<__m64*>(out + 4), _mm256_extractf128_ps(v, 1));
+  } else {
+    alignas(32) float values[8];
+    _mm256_store_ps(values, v);
+    for (int i = 0; i < lanes; ++i) out[i] = values[i];
+  }
+}
+
+// Whole 8-step blocks of `panels` whole panels of `width` lines each, lines from `first` (line stride
+// `line_bytes`): word (step, line) of a panel at panel[step * width + line], panels `panel_words` apart. Blocks of 8
+// lines x 8 steps are transposed in registers (a short group repeats its last line; those lanes are not stored).
+// Returns the steps packed: the caller packs the rest.
+template <class Steps>
+NPUSIM_PACK_AVX2 int64_t pack_lines_avx2(const std::byte* first, size_t line_bytes, int64_t panels, int64_t width,
+                                         int64_t steps, typename Steps::Word* dst, int64_t panel_words) {
+  const int64_t whole = steps / 8 * 8;
+  for (int64_t panel = 0; panel < panels; ++panel)
+    for (int64_t group = 0; group < width; group += 8) {
+      const int lanes = static_cast<int>(std::min<int64_t>(8, width - group));
+      const std::byte* lines[8];
+      for (int i = 0; i < 8; ++i)
+        lines[i] = first + static_cast<size_t>(panel * width + group + std::min(i, lanes - 1)) * line_bytes;
+      auto* out = reinterpret_cast<float*>(dst + panel * panel_words + group);
       for (int64_t p = 0; p < whole; p += 8) {
         __m256 r[8];
-        for (int i = 0; i < 8; ++i) r[i] = load8_as_float<E>(rows[i] + static_cast<size_t>(p) * es);
+        for (int i = 0; i < 8; ++i) r[i] = Steps::load8(lines[i] + static_cast<size_t>(p) * Steps::kBytesPerStep);
         transpose8(r);
-        for (int q = 0; q < 8; ++q) _mm256_storeu_ps(panel + (p + q) * NR + half, r[q]);
-      }
-      for (int64_t p = whole; p < k; ++p)
-        for (int i = 0; i < 8; ++i) panel[p * NR + half + i] = load_float(rows[i], E, p);
-    }
-  }
-}
-
-// The panels pack_b_transposed_avx2 can take (whole ones of an fp32/fp16/bf16 operand); returns how many columns
-// it packed.
-int64_t pack_b_transposed_fast(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, float* dst) {
-  const int64_t whole = cols / NR * NR;
-  switch (b.elem) {
-    case Elem::F32:
-      pack_b_transposed_avx2<Elem::F32>(b, k, col0, whole, dst);
-      return whole;
-    case Elem::BF16:
-      pack_b_transposed_avx2<Elem::BF16>(b, k, col0, whole, dst);
-      return whole;
-    case Elem::F16:
-      pack_b_transposed_avx2<Elem::F16>(b, k, col0, whole, dst);
-      return whole;
-    default:
-      return 0;
-  }
-}
-// Whole panels (MR rows each) of a row-major A over rows [row0, row0 + rows), rows a multiple of MR, and depth
-// [p0, p0 + kc): 8 x 8 blocks transposed in registers (two duplicate rows fill the block; their lanes are dropped).
-template <Elem E>
-NPUSIM_PACK_AVX2 void pack_a_rows_avx2(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc,
-                                       float* dst) {
-  static_assert(MR == 6, "the stores below write 6 lanes");
-  constexpr size_t es = E == Elem::F32 ? 4 : 2;
-  const int64_t whole = kc / 8 * 8;
-  for (int64_t ir = 0; ir < rows; ir += MR) {
-    float* panel = dst + ir / MR * kc * MR;
-    const std::byte* src[8];
-    for (int i = 0; i < 8; ++i)
-      src[i] = a.data + static_cast<size_t>((row0 + ir + std::min<int64_t>(i, MR - 1)) * a.ld + p0) * es;
-    for (int64_t p = 0; p < whole; p += 8) {
-      __m256 r[8];
-      for (int i = 0; i < 8; ++i) r[i] = load8_as_float<E>(src[i] + static_cast<size_t>(p) * es);
-      transpose8(r);
-      for (int q = 0; q < 8; ++q) {
-        float* out = panel + (p + q) * MR;
-        _mm_storeu_ps(out, _mm256_castps256_ps128(r[q]));
-        _mm_storel_pi(reinterpret_cast<__m64*>(out + 4), _mm256_extractf128_ps(r[q], 1));
+        for (int q = 0; q < 8; ++q) store_lanes(out + (p + q) * width, r[q], lanes);
       }
     }
-    for (int64_t p = whole; p < kc; ++p)
-      for (int i = 0; i < MR; ++i) panel[p * MR + i] = load_float(src[i], E, p);
-  }
-}
-
-// The panels pack_a_rows_avx2 can take (whole ones of a row-major fp32/fp16/bf16 operand); returns how many rows
-// it packed.
-int64_t pack_a_rows_fast(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst) {
-  if (a.transposed) return 0;
-  const int64_t whole = rows / MR * MR;
-  switch (a.elem) {
-    case Elem::F32:
-      pack_a_rows_avx2<Elem::F32>(a, row0, whole, p0, kc, dst);
-      return whole;
-    case Elem::BF16:
-      pack_a_rows_avx2<Elem::BF16>(a, row0, whole, p0, kc, dst);
-      return whole;
-    case Elem::F16:
-      pack_a_rows_avx2<Elem::F16>(a, row0, whole, p0, kc, dst);
-      return whole;
-    default:
-      return 0;
-  }
-}
-// Depth pairs of 16 bf16 columns (weight rows from `first_row`, row stride ld) as 32-bit words, 8 pairs of 8
-// columns per register transpose; returns the pairs packed (those covered by whole 16-value loads).
-NPUSIM_PACK_AVX2 int64_t pack_b_pairs_avx2(const uint16_t* first_row, int64_t ld, int64_t k, uint32_t* panel) {
-  const int64_t whole = k / 16 * 8;
-  for (int64_t half = 0; half < NR; half += 8) {
-    const uint16_t* rows[8];
-    for (int i = 0; i < 8; ++i) rows[i] = first_row + (half + i) * ld;
-    for (int64_t p = 0; p < whole; p += 8) {
-      __m256 r[8];
-      for (int i = 0; i < 8; ++i)
-        r[i] = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + 2 * p)));
-      transpose8(r);
-      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(reinterpret_cast<float*>(panel + (p + q) * NR + half), r[q]);
-    }
-  }
-  return whole;
-}
-
-// Depth pairs of MR bf16 rows (from `first`, row stride ld, kc values) as 32-bit words; returns the pairs packed.
-NPUSIM_PACK_AVX2 int64_t pack_a_pairs_avx2(const uint16_t* first, int64_t ld, int64_t kc, uint32_t* panel) {
-  const int64_t whole = kc / 16 * 8;
-  const uint16_t* rows[8];
-  for (int i = 0; i < 8; ++i) rows[i] = first + std::min<int64_t>(i, MR - 1) * ld;
-  for (int64_t p = 0; p < whole; p += 8) {
-    __m256 r[8];
-    for (int i = 0; i < 8; ++i)
-      r[i] = _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[i] + 2 * p)));
-    transpose8(r);
-    for (int q = 0; q < 8; ++q) {
-      float* out = reinterpret_cast<float*>(panel + (p + q) * MR);
-      _mm_storeu_ps(out, _mm256_castps256_ps128(r[q]));
-      _mm_storel_pi(reinterpret_cast<__m64*>(out + 4), _mm256_extractf128_ps(r[q], 1));
-    }
-  }
   return whole;
 }
 #endif
+
+// Reading a line (a source row, contiguous along depth): as fp32 widened from elem E, one value per step, or as bf16
+// pairs, one 32-bit word per step of two depths (the last one half zero when the depth is odd).
+template <Elem E>
+struct WidenedSteps {
+  using Word = float;
+  static constexpr size_t kBytesPerStep = E == Elem::F32 ? 4 : 2;
+  static int64_t steps(int64_t depth) { return depth; }
+  static int64_t whole_steps(int64_t depth) { return depth; }  // steps with every value inside the line
+#ifdef NPUSIM_GEMM_X86
+  static NPUSIM_PACK_AVX2 __m256 load8(const std::byte* step) { return load8_as_float<E>(step); }
+#endif
+  // Steps [from, to) of a line.
+  static void read(const std::byte* line, int64_t from, int64_t to, int64_t, float* out) {
+    to_float(line + static_cast<size_t>(from) * kBytesPerStep, E, out, to - from);
+  }
+};
+
+struct PairSteps {
+  using Word = uint32_t;
+  static constexpr size_t kBytesPerStep = 4;
+  static int64_t steps(int64_t depth) { return (depth + 1) / 2; }
+  static int64_t whole_steps(int64_t depth) { return depth / 2; }
+#ifdef NPUSIM_GEMM_X86
+  static NPUSIM_PACK_AVX2 __m256 load8(const std::byte* step) {
+    return _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(step)));
+  }
+#endif
+  static void read(const std::byte* line, int64_t from, int64_t to, int64_t depth, uint32_t* out) {
+    const auto* values = reinterpret_cast<const uint16_t*>(line);
+    for (int64_t p = from; p < to; ++p) {
+      const uint32_t low = values[2 * p], high = 2 * p + 1 < depth ? values[2 * p + 1] : 0;
+      out[p - from] = low | high << 16;
+    }
+  }
+};
+
+// Lines [0, lines) from `first` (line stride line_bytes), each `depth` values, into panels of `width` lines (the
+// panel padding zero): vector blocks where they fit, then the remaining steps and the last, partial panel.
+template <class Steps>
+void pack_lines(const std::byte* first, size_t line_bytes, int64_t lines, int64_t width, int64_t depth,
+                typename Steps::Word* dst, [[maybe_unused]] bool avx2) {
+  using Word = typename Steps::Word;
+  const int64_t steps = Steps::steps(depth), whole_panels = lines / width;
+  int64_t done = 0;  // steps of the whole panels packed already
+#ifdef NPUSIM_GEMM_X86
+  if (avx2)
+    done =
+        pack_lines_avx2<Steps>(first, line_bytes, whole_panels, width, Steps::whole_steps(depth), dst, steps * width);
+#endif
+  constexpr int64_t kChunk = 256;
+  Word values[kChunk];
+  for (int64_t panel = 0; panel * width < lines; ++panel) {
+    Word* out = dst + panel * steps * width;
+    const int64_t live = std::min(width, lines - panel * width);
+    for (int64_t i = 0; i < width; ++i) {
+      const std::byte* line = first + static_cast<size_t>(panel * width + i) * line_bytes;
+      for (int64_t from = panel < whole_panels ? done : 0; from < steps; from += kChunk) {
+        const int64_t to = std::min(steps, from + kChunk);
+        if (i < live)
+          Steps::read(line, from, to, depth, values);
+        else
+          std::fill(values, values + (to - from), Word{0});
+        for (int64_t p = from; p < to; ++p) out[p * width + i] = values[p - from];
+      }
+    }
+  }
+}
+
+// Rows of a row-major A, or columns of a transposed B (a linear weight [n, k]: column j of B is row j of the
+// weight), as fp32 panels: lines [0, lines) from `first` over `depth` values, elem fp32, fp16 or bf16.
+void pack_widened_lines(const std::byte* first, size_t line_bytes, Elem elem, int64_t lines, int64_t width,
+                        int64_t depth, float* dst, bool avx2) {
+  switch (elem) {
+    case Elem::F32:
+      return pack_lines<WidenedSteps<Elem::F32>>(first, line_bytes, lines, width, depth, dst, avx2);
+    case Elem::BF16:
+      return pack_lines<WidenedSteps<Elem::BF16>>(first, line_bytes, lines, width, depth, dst, avx2);
+    default:
+      return pack_lines<WidenedSteps<Elem::F16>>(first, line_bytes, lines, width, depth, dst, avx2);
+  }
+}
 
 // Rows [row0, row0 + rows) x depth [p0, p0 + kc) of a strided A into panels of MR rows (kc * MR floats each).
 void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst,
                     bool avx2) {
   const size_t es = elem_size(a.elem);
-  alignas(64) float line[std::max(kMaxDepthBlock, kMaxDepthBlockFewColumns)];
-  int64_t first = 0;  // rows before this one are packed already
-#ifdef NPUSIM_GEMM_X86
-  if (avx2) first = pack_a_rows_fast(a, row0, rows, p0, kc, dst);
-#else
-  (void)avx2;
-#endif
-  for (int64_t ir = first; ir < rows; ir += MR) {
+  if (!a.transposed)  // element (i, p) at data[i * ld + p]: each row is a line along the depth
+    return pack_widened_lines(a.data + static_cast<size_t>(row0 * a.ld + p0) * es, static_cast<size_t>(a.ld) * es,
+                              a.elem, rows, MR, kc, dst, avx2);
+  // Element (i, p) at data[p * ld + i]: the MR values of one depth step are contiguous.
+  for (int64_t ir = 0; ir < rows; ir += MR) {
     float* panel = dst + ir / MR * kc * MR;
     const int64_t height = std::min(MR, rows - ir);
-    if (a.transposed) {  // element (i, p) at data[p * ld + i]: MR values of one depth step are contiguous
-      for (int64_t p = 0; p < kc; ++p) {
-        const std::byte* src = a.data + static_cast<size_t>((p0 + p) * a.ld + row0 + ir) * es;
-        float* out = panel + p * MR;
-        if (a.elem == Elem::F32)
-          std::memcpy(out, src, static_cast<size_t>(height) * sizeof(float));
-        else
-          to_float(src, a.elem, out, height);
-        std::fill(out + height, out + MR, 0.0f);
-      }
-      continue;
-    }
-    for (int64_t r = 0; r < MR; ++r) {
-      if (r >= height) {
-        for (int64_t p = 0; p < kc; ++p) panel[p * MR + r] = 0.0f;
-        continue;
-      }
-      const std::byte* src = a.data + static_cast<size_t>((row0 + ir + r) * a.ld + p0) * es;
-      const float* values = reinterpret_cast<const float*>(src);
-      if (a.elem != Elem::F32) {
-        to_float(src, a.elem, line, kc);
-        values = line;
-      }
-      for (int64_t p = 0; p < kc; ++p) panel[p * MR + r] = values[p];
+    for (int64_t p = 0; p < kc; ++p) {
+      const std::byte* src = a.data + static_cast<size_t>((p0 + p) * a.ld + row0 + ir) * es;
+      float* out = panel + p * MR;
+      if (a.elem == Elem::F32)
+        std::memcpy(out, src, static_cast<size_t>(height) * sizeof(float));
+      else
+        to_float(src, a.elem, out, height);
+      std::fill(out + height, out + MR, 0.0f);
     }
   }
 }
@@ -423,48 +399,26 @@ void pack_a_converted(const PackedMatrix& a, int64_t row0, int64_t rows, int64_t
 // Columns [col0, col0 + cols) of a strided B over its whole depth k into panels of NR columns (k * NR floats each).
 void pack_b_strided(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, float* dst, bool avx2) {
   const size_t es = elem_size(b.elem);
-  alignas(64) float line[NR];
-  int64_t first = 0;  // columns before this one are packed already
-#ifdef NPUSIM_GEMM_X86
-  if (avx2 && b.transposed) first = pack_b_transposed_fast(b, k, col0, cols, dst);
-#else
-  (void)avx2;
-#endif
-  for (int64_t jr = first; jr < cols; jr += NR) {
+  if (b.transposed)  // element (p, j) at data[j * ld + p]: each column is a line along the depth
+    return pack_widened_lines(b.data + static_cast<size_t>(col0 * b.ld) * es, static_cast<size_t>(b.ld) * es, b.elem,
+                              cols, NR, k, dst, avx2);
+  // Element (p, j) at data[p * ld + j]: a panel row is contiguous.
+  for (int64_t jr = 0; jr < cols; jr += NR) {
     float* panel = dst + jr / NR * k * NR;
     const int64_t width = std::min(NR, cols - jr);
-    if (!b.transposed) {                         // element (p, j) at data[p * ld + j]: a panel row is contiguous
-      if (b.elem == Elem::F32 && width == NR) {  // the common case, as fixed-size copies
-        const float* src = reinterpret_cast<const float*>(b.data) + col0 + jr;
-        for (int64_t p = 0; p < k; ++p) std::memcpy(panel + p * NR, src + p * b.ld, NR * sizeof(float));
-        continue;
-      }
-      for (int64_t p = 0; p < k; ++p) {
-        const std::byte* src = b.data + static_cast<size_t>(p * b.ld + col0 + jr) * es;
-        float* out = panel + p * NR;
-        if (b.elem == Elem::F32)
-          std::memcpy(out, src, static_cast<size_t>(width) * sizeof(float));
-        else
-          to_float(src, b.elem, out, width);
-        std::fill(out + width, out + NR, 0.0f);
-      }
+    if (b.elem == Elem::F32 && width == NR) {  // the common case, as fixed-size copies
+      const float* src = reinterpret_cast<const float*>(b.data) + col0 + jr;
+      for (int64_t p = 0; p < k; ++p) std::memcpy(panel + p * NR, src + p * b.ld, NR * sizeof(float));
       continue;
     }
-    for (int64_t j = 0; j < NR; ++j) {
-      if (j >= width) {
-        for (int64_t p = 0; p < k; ++p) panel[p * NR + j] = 0.0f;
-        continue;
-      }
-      const std::byte* src = b.data + static_cast<size_t>((col0 + jr + j) * b.ld) * es;
-      for (int64_t p0 = 0; p0 < k; p0 += NR) {
-        const int64_t count = std::min(NR, k - p0);
-        const float* values = reinterpret_cast<const float*>(src) + p0;
-        if (b.elem != Elem::F32) {
-          to_float(src + static_cast<size_t>(p0) * es, b.elem, line, count);
-          values = line;
-        }
-        for (int64_t p = 0; p < count; ++p) panel[(p0 + p) * NR + j] = values[p];
-      }
+    for (int64_t p = 0; p < k; ++p) {
+      const std::byte* src = b.data + static_cast<size_t>(p * b.ld + col0 + jr) * es;
+      float* out = panel + p * NR;
+      if (b.elem == Elem::F32)
+        std::memcpy(out, src, static_cast<size_t>(width) * sizeof(float));
+      else
+        to_float(src, b.elem, out, width);
+      std::fill(out + width, out + NR, 0.0f);
     }
   }
 }
@@ -718,45 +672,17 @@ void check_operand(const GemmOperand& operand, GemmSide side, bool prepacked, in
 
 // ---- bf16 depth pairs (AVX-512 BF16 products of two bf16 operands) ----
 
-// The values at depths `first` and `first + 1` (zero at or past `end`) as one word, the first in the low half.
-uint32_t pair_word(const uint16_t* row, int64_t first, int64_t end) {
-  const uint32_t low = row[first], high = first + 1 < end ? row[first + 1] : 0;
-  return low | high << 16;
-}
-
 // Columns [col0, col0 + cols) of a transposed bf16 B (a linear weight [n, k]) over its whole depth into panels of
 // NR columns of depth pairs: word (p, j) holds column j's values at depths 2p and 2p + 1.
 void pack_b_pairs(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, uint32_t* dst) {
-  const int64_t pairs = (k + 1) / 2;
-  const auto* data = reinterpret_cast<const uint16_t*>(b.data);
-  for (int64_t jr = 0; jr < cols; jr += NR) {
-    uint32_t* panel = dst + jr / NR * pairs * NR;
-    const int64_t width = std::min(NR, cols - jr);
-    int64_t done = 0;
-#ifdef NPUSIM_GEMM_X86
-    if (width == NR) done = pack_b_pairs_avx2(data + (col0 + jr) * b.ld, b.ld, k, panel);
-#endif
-    for (int64_t j = 0; j < NR; ++j)
-      for (int64_t p = done; p < pairs; ++p)
-        panel[p * NR + j] = j < width ? pair_word(data + (col0 + jr + j) * b.ld, 2 * p, k) : 0;
-  }
+  pack_lines<PairSteps>(b.data + static_cast<size_t>(col0 * b.ld) * 2, static_cast<size_t>(b.ld) * 2, cols, NR, k, dst,
+                        true);
 }
 
 // Rows [row0, row0 + rows) x depth [p0, p0 + kc) of a row-major bf16 A into panels of MR rows of depth pairs.
 void pack_a_pairs(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, uint32_t* dst) {
-  const int64_t pairs = (kc + 1) / 2;
-  const auto* data = reinterpret_cast<const uint16_t*>(a.data);
-  for (int64_t ir = 0; ir < rows; ir += MR) {
-    uint32_t* panel = dst + ir / MR * pairs * MR;
-    const int64_t height = std::min(MR, rows - ir);
-    int64_t done = 0;
-#ifdef NPUSIM_GEMM_X86
-    if (height == MR) done = pack_a_pairs_avx2(data + (row0 + ir) * a.ld + p0, a.ld, kc, panel);
-#endif
-    for (int64_t r = 0; r < MR; ++r)
-      for (int64_t p = done; p < pairs; ++p)
-        panel[p * MR + r] = r < height ? pair_word(data + (row0 + ir + r) * a.ld + p0, 2 * p, kc) : 0;
-  }
+  pack_lines<PairSteps>(a.data + static_cast<size_t>(row0 * a.ld + p0) * 2, static_cast<size_t>(a.ld) * 2, rows, MR, kc,
+                        dst, true);
 }
 
 // Whether a product can run on bf16 pairs: both operands bf16 (every product exact in fp32, so only the order of

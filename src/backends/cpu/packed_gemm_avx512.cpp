@@ -33,6 +33,19 @@ NPUSIM_AVX512 inline __m512 load_b_row(const std::byte* b) {
   }
 }
 
+// c[MR, Panels * NR] (row stride ldc) = (accumulate ? c : 0) + the sums.
+template <int Panels>
+NPUSIM_AVX512 inline void store_tile(const __m512 (&s)[MR][Panels], float* c, int64_t ldc, bool accumulate) {
+  for (int r = 0; r < MR; ++r) {
+    float* row = c + r * ldc;
+    for (int q = 0; q < Panels; ++q) {
+      __m512 sum = s[r][q];
+      if (accumulate) sum = _mm512_add_ps(sum, _mm512_loadu_ps(row + NR * q));
+      _mm512_storeu_ps(row + NR * q, sum);
+    }
+  }
+}
+
 template <Elem BE, int Panels>
 NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c,
                                 int64_t ldc, bool accumulate) {
@@ -50,14 +63,7 @@ NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0,
       if constexpr (Panels == 2) s[r][1] = _mm512_fmadd_ps(ar, x1, s[r][1]);
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    float* row = c + r * ldc;
-    for (int q = 0; q < Panels; ++q) {
-      __m512 sum = s[r][q];
-      if (accumulate) sum = _mm512_add_ps(sum, _mm512_loadu_ps(row + NR * q));
-      _mm512_storeu_ps(row + NR * q, sum);
-    }
-  }
+  store_tile<Panels>(s, c, ldc, accumulate);
 }
 
 // bf16 pairs (AVX-512 BF16): a holds MR 32-bit words per depth pair (rows' values at depths 2p and 2p+1), b0/b1
@@ -81,14 +87,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_bf16_
       if constexpr (Panels == 2) s[r][1] = _mm512_dpbf16_ps(s[r][1], ar, x1);
     }
   }
-  for (int r = 0; r < MR; ++r) {
-    float* row = c + r * ldc;
-    for (int q = 0; q < Panels; ++q) {
-      __m512 sum = s[r][q];
-      if (accumulate) sum = _mm512_add_ps(sum, _mm512_loadu_ps(row + NR * q));
-      _mm512_storeu_ps(row + NR * q, sum);
-    }
-  }
+  store_tile<Panels>(s, c, ldc, accumulate);
 }
 
 }  // namespace
