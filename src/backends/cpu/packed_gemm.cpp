@@ -366,6 +366,28 @@ void pack_widened_lines(const std::byte* first, size_t line_bytes, Elem elem, in
   }
 }
 
+// Lines [0, lines) into fp32 panels of `width` lines over `steps` steps where the lines' values of one step are
+// contiguous (step p of line i at first + p * step_bytes + i * elem size): one copy or conversion per panel row.
+void pack_steps(const std::byte* first, size_t step_bytes, Elem elem, int64_t lines, int64_t width, int64_t steps,
+                float* dst) {
+  const size_t es = elem_size(elem);
+  for (int64_t line0 = 0; line0 < lines; line0 += width) {
+    float* panel = dst + line0 / width * steps * width;
+    const int64_t live = std::min(width, lines - line0);
+    for (int64_t p = 0; p < steps; ++p) {
+      const std::byte* src = first + static_cast<size_t>(p) * step_bytes + static_cast<size_t>(line0) * es;
+      float* out = panel + p * width;
+      if (elem == Elem::F32 && live == NR && width == NR)  // the common case, as a fixed-size copy
+        std::memcpy(out, src, NR * sizeof(float));
+      else if (elem == Elem::F32)
+        std::memcpy(out, src, static_cast<size_t>(live) * sizeof(float));
+      else
+        to_float(src, elem, out, live);
+      std::fill(out + live, out + width, 0.0f);
+    }
+  }
+}
+
 // Rows [row0, row0 + rows) x depth [p0, p0 + kc) of a strided A into panels of MR rows (kc * MR floats each).
 void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst,
                     bool avx2) {
@@ -373,20 +395,9 @@ void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t
   if (!a.transposed)  // element (i, p) at data[i * ld + p]: each row is a line along the depth
     return pack_widened_lines(a.data + static_cast<size_t>(row0 * a.ld + p0) * es, static_cast<size_t>(a.ld) * es,
                               a.elem, rows, MR, kc, dst, avx2);
-  // Element (i, p) at data[p * ld + i]: the MR values of one depth step are contiguous.
-  for (int64_t ir = 0; ir < rows; ir += MR) {
-    float* panel = dst + ir / MR * kc * MR;
-    const int64_t height = std::min(MR, rows - ir);
-    for (int64_t p = 0; p < kc; ++p) {
-      const std::byte* src = a.data + static_cast<size_t>((p0 + p) * a.ld + row0 + ir) * es;
-      float* out = panel + p * MR;
-      if (a.elem == Elem::F32)
-        std::memcpy(out, src, static_cast<size_t>(height) * sizeof(float));
-      else
-        to_float(src, a.elem, out, height);
-      std::fill(out + height, out + MR, 0.0f);
-    }
-  }
+  // Element (i, p) at data[p * ld + i]: the rows' values of one depth step are contiguous.
+  pack_steps(a.data + static_cast<size_t>(p0 * a.ld + row0) * es, static_cast<size_t>(a.ld) * es, a.elem, rows, MR, kc,
+             dst);
 }
 
 // The same block of a prepacked half-precision A, converted to fp32 panels.
@@ -402,25 +413,8 @@ void pack_b_strided(const StridedOperand& b, int64_t k, int64_t col0, int64_t co
   if (b.transposed)  // element (p, j) at data[j * ld + p]: each column is a line along the depth
     return pack_widened_lines(b.data + static_cast<size_t>(col0 * b.ld) * es, static_cast<size_t>(b.ld) * es, b.elem,
                               cols, NR, k, dst, avx2);
-  // Element (p, j) at data[p * ld + j]: a panel row is contiguous.
-  for (int64_t jr = 0; jr < cols; jr += NR) {
-    float* panel = dst + jr / NR * k * NR;
-    const int64_t width = std::min(NR, cols - jr);
-    if (b.elem == Elem::F32 && width == NR) {  // the common case, as fixed-size copies
-      const float* src = reinterpret_cast<const float*>(b.data) + col0 + jr;
-      for (int64_t p = 0; p < k; ++p) std::memcpy(panel + p * NR, src + p * b.ld, NR * sizeof(float));
-      continue;
-    }
-    for (int64_t p = 0; p < k; ++p) {
-      const std::byte* src = b.data + static_cast<size_t>(p * b.ld + col0 + jr) * es;
-      float* out = panel + p * NR;
-      if (b.elem == Elem::F32)
-        std::memcpy(out, src, static_cast<size_t>(width) * sizeof(float));
-      else
-        to_float(src, b.elem, out, width);
-      std::fill(out + width, out + NR, 0.0f);
-    }
-  }
+  // Element (p, j) at data[p * ld + j]: the columns' values of one depth step are contiguous.
+  pack_steps(b.data + static_cast<size_t>(col0) * es, static_cast<size_t>(b.ld) * es, b.elem, cols, NR, k, dst);
 }
 
 // Columns [col0, col0 + cols) of a convolution's patch matrix over its whole depth into panels of NR columns. A
