@@ -68,6 +68,7 @@ int resolved_threads(int requested) {
 struct Peak {
   bool measured = false;
   double gbps = 0, gflops = 0;
+  double bf16_gflops = 0;  // bf16 pair products, where the CPU has them
 };
 
 Peak probe_peak(const Args& args, int threads) {
@@ -75,8 +76,8 @@ Peak probe_peak(const Args& args, int threads) {
   ProbeOptions options;
   options.threads = threads;
   const MachineProbe probe = probe_machine(options);
-  return threads == 1 ? Peak{true, probe.read_gbps_1, probe.fma_gflops_1}
-                      : Peak{true, probe.read_gbps_n, probe.fma_gflops_n};
+  return threads == 1 ? Peak{true, probe.read_gbps_1, probe.fma_gflops_1, probe.bf16_dot_gflops_1}
+                      : Peak{true, probe.read_gbps_n, probe.fma_gflops_n, probe.bf16_dot_gflops_n};
 }
 
 std::string percent_of(double value, double peak) {
@@ -264,6 +265,11 @@ int bench_model(const Args& args) {
   const double decode_gbps = gen_tokens > 0 ? work.decode_bytes(middle) / (step.median * 1e6) : 0.0;
   const double decode_gflops = gen_tokens > 0 ? work.decode_flops(middle) / (step.median * 1e6) : 0.0;
   const Peak peak = probe_peak(args, threads);
+  // A bf16 model's prompt products run on bf16 pairs on the CPU backend where the CPU has them.
+  const bool bf16_products = session.dtype() == DType::BFloat16 && options.backend == "cpu" &&
+                             options.quantize == WeightQuantization::None && peak.bf16_gflops > 0;
+  const double prompt_peak = bf16_products ? peak.bf16_gflops : peak.gflops;
+  const char* prompt_peak_name = bf16_products ? "bf16 dot-product" : "fp32 FMA";
 
   std::printf("%s: %s, %d thread(s)\n", dir.c_str(), session.describe().c_str(), threads);
   std::printf("prompt: %lld tokens in %.1f ms (median of %lld) -> %.2f tokens/s, %.1f GFLOP/s\n",
@@ -277,10 +283,9 @@ int bench_model(const Args& args) {
               peak_memory_mb());
   if (peak.measured)
     std::printf(
-        "efficiency: decode %s of probed read bandwidth (%.1f GB/s), prompt %s of probed fp32 FMA peak "
-        "(%.1f GFLOP/s)\n",
-        percent_of(decode_gbps, peak.gbps).c_str(), peak.gbps, percent_of(prompt_gflops, peak.gflops).c_str(),
-        peak.gflops);
+        "efficiency: decode %s of probed read bandwidth (%.1f GB/s), prompt %s of probed %s peak (%.1f GFLOP/s)\n",
+        percent_of(decode_gbps, peak.gbps).c_str(), peak.gbps, percent_of(prompt_gflops, prompt_peak).c_str(),
+        prompt_peak_name, prompt_peak);
   if (args.flag("json")) {
     nlohmann::json json = {{"model", dir},
                            {"session", session.describe()},
@@ -308,8 +313,9 @@ int bench_model(const Args& args) {
     if (peak.measured) {
       json["peak_gbps"] = peak.gbps;
       json["peak_gflops"] = peak.gflops;
+      json["prompt_peak_gflops"] = prompt_peak;
       json["decode_gbps_efficiency"] = decode_gbps / peak.gbps;
-      json["prompt_gflops_efficiency"] = prompt_gflops / peak.gflops;
+      json["prompt_gflops_efficiency"] = prompt_gflops / prompt_peak;
     }
     std::printf("%s\n", json.dump().c_str());
   }

@@ -135,6 +135,21 @@ __attribute__((target("avx2,fma"))) float fma_avx2(int64_t iterations) {
   return _mm256_cvtss_f32(sum);
 }
 constexpr double kAvx2FlopsPerIteration = 12 * 8 * 2;
+
+// The same for bf16 pair products (vdpbf16ps: 16 lanes, two multiply-adds each).
+__attribute__((target("avx512f,avx512bf16"))) float bf16_dot_avx512(int64_t iterations) {
+  const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // bf16 1.0 twice
+  const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // bf16 1e-7 twice
+  __m512 a[12];
+  for (int r = 0; r < 12; ++r) a[r] = _mm512_set1_ps(static_cast<float>(r));
+  for (int64_t i = 0; i < iterations; ++i)
+#pragma GCC unroll 12
+    for (int r = 0; r < 12; ++r) a[r] = _mm512_dpbf16_ps(a[r], x, y);
+  __m512 sum = a[0];
+  for (int r = 1; r < 12; ++r) sum = _mm512_add_ps(sum, a[r]);
+  return _mm512_cvtss_f32(sum);
+}
+constexpr double kBf16DotFlopsPerIteration = 12 * 16 * 2 * 2;
 #endif
 
 struct FreeDeleter {
@@ -160,18 +175,8 @@ double read_bandwidth(const uint64_t* data, size_t words, int threads, int repea
   return static_cast<double>(chunks * kChunkWords * sizeof(uint64_t)) / seconds;
 }
 
-// FLOPs per second with every one of `threads` threads running the register-resident FMA loop.
-double fma_rate(int threads, int repeats, bool avx2_fma) {
-  double flops_per_iteration = kGenericFlopsPerIteration;
-  std::function<float(int64_t)> kernel = fma_generic;
-#ifdef NPUSIM_PROBE_X86
-  if (avx2_fma) {
-    flops_per_iteration = kAvx2FlopsPerIteration;
-    kernel = fma_avx2;
-  }
-#else
-  (void)avx2_fma;
-#endif
+// FLOPs per second with every one of `threads` threads running a register-resident loop of `kernel`.
+double flop_rate(int threads, int repeats, const std::function<float(int64_t)>& kernel, double flops_per_iteration) {
   // About 0.4 GFLOP per thread and pass: a few milliseconds on a current core.
   const auto iterations = static_cast<int64_t>(4e8 / flops_per_iteration);
   const auto work = [&](int) {
@@ -205,8 +210,21 @@ MachineProbe probe_machine(const ProbeOptions& options) {
   probe.read_gbps_1 = read_bandwidth(buffer.get(), words, 1, options.repeats, probe.features.avx2) / 1e9;
   probe.read_gbps_n = read_bandwidth(buffer.get(), words, probe.threads, options.repeats, probe.features.avx2) / 1e9;
   buffer.reset();
-  probe.fma_gflops_1 = fma_rate(1, options.repeats, avx2_fma) / 1e9;
-  probe.fma_gflops_n = fma_rate(probe.threads, options.repeats, avx2_fma) / 1e9;
+  std::function<float(int64_t)> fma = fma_generic;
+  double fma_flops = kGenericFlopsPerIteration;
+#ifdef NPUSIM_PROBE_X86
+  if (avx2_fma) {
+    fma = fma_avx2;
+    fma_flops = kAvx2FlopsPerIteration;
+  }
+  if (probe.features.avx512bf16) {
+    probe.bf16_dot_gflops_1 = flop_rate(1, options.repeats, bf16_dot_avx512, kBf16DotFlopsPerIteration) / 1e9;
+    probe.bf16_dot_gflops_n =
+        flop_rate(probe.threads, options.repeats, bf16_dot_avx512, kBf16DotFlopsPerIteration) / 1e9;
+  }
+#endif
+  probe.fma_gflops_1 = flop_rate(1, options.repeats, fma, fma_flops) / 1e9;
+  probe.fma_gflops_n = flop_rate(probe.threads, options.repeats, fma, fma_flops) / 1e9;
   probe.probe_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   return probe;
 }
@@ -228,6 +246,8 @@ std::string probe_json(const MachineProbe& probe) {
       {"read_gbps_n", probe.read_gbps_n},
       {"fma_gflops_1", probe.fma_gflops_1},
       {"fma_gflops_n", probe.fma_gflops_n},
+      {"bf16_dot_gflops_1", probe.bf16_dot_gflops_1},
+      {"bf16_dot_gflops_n", probe.bf16_dot_gflops_n},
       {"probe_ms", probe.probe_ms},
   };
   return json.dump();
@@ -246,16 +266,22 @@ std::string format_probe(const MachineProbe& probe) {
     if (!features.empty()) features += ' ';
     features += name;
   }
-  char text[768];
-  std::snprintf(text, sizeof(text),
-                "cpu: %s (%d hardware threads)\n"
-                "features: %s\n"
-                "memory read: %.1f GB/s on 1 thread, %.1f GB/s on %d\n"
-                "fp32 FMA peak (%s): %.1f GFLOP/s on 1 thread, %.1f GFLOP/s on %d\n"
-                "probe took %.0f ms\n",
-                probe.cpu_name.c_str(), probe.hardware_threads, features.empty() ? "(none)" : features.c_str(),
-                probe.read_gbps_1, probe.read_gbps_n, probe.threads, probe.fma_kernel.c_str(), probe.fma_gflops_1,
-                probe.fma_gflops_n, probe.threads, probe.probe_ms);
+  char text[1024];
+  int length =
+      std::snprintf(text, sizeof(text),
+                    "cpu: %s (%d hardware threads)\n"
+                    "features: %s\n"
+                    "memory read: %.1f GB/s on 1 thread, %.1f GB/s on %d\n"
+                    "fp32 FMA peak (%s): %.1f GFLOP/s on 1 thread, %.1f GFLOP/s on %d\n",
+                    probe.cpu_name.c_str(), probe.hardware_threads, features.empty() ? "(none)" : features.c_str(),
+                    probe.read_gbps_1, probe.read_gbps_n, probe.threads, probe.fma_kernel.c_str(), probe.fma_gflops_1,
+                    probe.fma_gflops_n, probe.threads);
+  if (probe.bf16_dot_gflops_1 > 0 && length > 0 && length < static_cast<int>(sizeof(text)))
+    length += std::snprintf(text + length, sizeof(text) - static_cast<size_t>(length),
+                            "bf16 dot-product peak (avx512bf16): %.1f GFLOP/s on 1 thread, %.1f GFLOP/s on %d\n",
+                            probe.bf16_dot_gflops_1, probe.bf16_dot_gflops_n, probe.threads);
+  if (length > 0 && length < static_cast<int>(sizeof(text)))
+    std::snprintf(text + length, sizeof(text) - static_cast<size_t>(length), "probe took %.0f ms\n", probe.probe_ms);
   return text;
 }
 

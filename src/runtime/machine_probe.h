@@ -23,6 +23,8 @@ struct MachineProbe {
   double read_gbps_n = 0;
   double fma_gflops_1 = 0;  // fp32, a fused multiply-add counted as 2 FLOPs
   double fma_gflops_n = 0;
+  double bf16_dot_gflops_1 = 0;  // bf16 pair products (AVX-512 BF16), 0 where the CPU has none
+  double bf16_dot_gflops_n = 0;
   double probe_ms = 0;  // how long measuring took
 };
 

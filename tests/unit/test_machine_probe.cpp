@@ -32,6 +32,13 @@ TEST(MachineProbe, MeasurementsArePositiveAndFinite) {
   expect_positive_finite(probe.read_gbps_n, "read_gbps_n");
   expect_positive_finite(probe.fma_gflops_1, "fma_gflops_1");
   expect_positive_finite(probe.fma_gflops_n, "fma_gflops_n");
+  if (probe.features.avx512bf16) {
+    expect_positive_finite(probe.bf16_dot_gflops_1, "bf16_dot_gflops_1");
+    expect_positive_finite(probe.bf16_dot_gflops_n, "bf16_dot_gflops_n");
+  } else {
+    EXPECT_EQ(probe.bf16_dot_gflops_1, 0.0);
+    EXPECT_EQ(probe.bf16_dot_gflops_n, 0.0);
+  }
   expect_positive_finite(probe.probe_ms, "probe_ms");
   EXPECT_FALSE(probe.cpu_name.empty());
 }
@@ -83,6 +90,8 @@ TEST(MachineProbe, JsonAndTextCarryEveryField) {
   EXPECT_DOUBLE_EQ(json["read_gbps_n"].get<double>(), probe.read_gbps_n);
   EXPECT_DOUBLE_EQ(json["fma_gflops_1"].get<double>(), probe.fma_gflops_1);
   EXPECT_DOUBLE_EQ(json["fma_gflops_n"].get<double>(), probe.fma_gflops_n);
+  EXPECT_DOUBLE_EQ(json["bf16_dot_gflops_1"].get<double>(), probe.bf16_dot_gflops_1);
+  EXPECT_DOUBLE_EQ(json["bf16_dot_gflops_n"].get<double>(), probe.bf16_dot_gflops_n);
   for (const char* feature : {"avx2", "fma", "f16c", "avx512f", "amx"})
     EXPECT_TRUE(json["features"][feature].is_boolean()) << feature;
   EXPECT_EQ(json["features"]["avx2"].get<bool>(), probe.features.avx2);
