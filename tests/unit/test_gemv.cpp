@@ -314,6 +314,29 @@ TEST(Gemv, Int8QuantizationErrorIsAtMostHalfAStep) {
     }
 }
 
+// The vector quantizer gives the portable one's bytes: rounding to nearest even, clamping, NaN and infinity.
+TEST(Gemv, Int8QuantizationIsTheSameOnEveryImplementation) {
+  std::vector<float> w = random_floats(7 * 100, 31);
+  for (size_t i = 0; i < w.size(); i += 9) w[i] *= 40.0f;  // large values: others round near .5 steps
+  w[5] = std::numeric_limits<float>::quiet_NaN();
+  w[150] = std::numeric_limits<float>::infinity();
+  w[260] = -std::numeric_limits<float>::infinity();
+  std::fill(w.begin() + 300, w.begin() + 400, 0.0f);
+  w[401] = 0.5f * 127.0f / 127.0f;
+  for (int64_t group : {0, 8, 16, 40}) {
+    std::vector<std::vector<std::byte>> results;
+    for (GemvIsa isa : available_isas()) {
+      force_gemv_isa(isa);
+      const QuantizedWeight q = quantize_int8(reinterpret_cast<const std::byte*>(w.data()), Elem::F32, 7, 100, group);
+      std::vector<std::byte> bytes(q.values.data(), q.values.data() + 7 * 100);
+      bytes.insert(bytes.end(), q.scales.data(), q.scales.data() + q.scales.size());
+      results.push_back(std::move(bytes));
+    }
+    force_gemv_isa(std::nullopt);
+    for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r], results[0]) << "group " << group;
+  }
+}
+
 TEST(Gemv, QuantizesBf16WeightsAndSplitsOverThePool) {
   ThreadPool pool(2);
   std::vector<uint16_t> bits;

@@ -541,6 +541,39 @@ void avx2_columns(const GemvProblem& p, int64_t begin, int64_t end) {
   }
 }
 
+// The largest |value| of a group, NaN values skipped (as std::max skips them).
+float avx2_largest_magnitude(const float* values, int64_t count) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 largest = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)  // max_ps returns its second operand when the first is NaN
+    largest = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(values + i)), largest);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, largest);
+  float top = 0.0f;
+  for (float lane : lanes) top = std::max(top, lane);
+  for (; i < count; ++i) top = std::max(top, std::fabs(values[i]));
+  return top;
+}
+
+// out[i] = values[i] * inverse rounded to nearest even (as std::nearbyint), clamped to [-127, 127], NaN as 0.
+void avx2_quantize_values(const float* values, int64_t count, float inverse, int8_t* out) {
+  const __m256 scale = _mm256_set1_ps(inverse), low = _mm256_set1_ps(-127.0f), high = _mm256_set1_ps(127.0f);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256 scaled = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(values + i), scale),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 number = _mm256_and_ps(_mm256_cmp_ps(scaled, scaled, _CMP_ORD_Q), scaled);  // NaN -> 0
+    const __m256i whole = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(number, low), high));
+    const __m128i narrow = _mm_packs_epi32(_mm256_castsi256_si128(whole), _mm256_extracti128_si256(whole, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi16(narrow, narrow));
+  }
+  for (; i < count; ++i) {
+    const float scaled = std::nearbyint(values[i] * inverse);
+    out[i] = static_cast<int8_t>(std::clamp(std::isnan(scaled) ? 0.0f : scaled, -127.0f, 127.0f));
+  }
+}
+
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -731,20 +764,33 @@ QuantizedWeight quantize_int8(const std::byte* weight, Elem elem, int64_t n, int
   q.scales = AlignedBuffer(static_cast<size_t>(n * groups) * sizeof(float));
   auto* values = reinterpret_cast<int8_t*>(q.values.data());
   auto* scales = reinterpret_cast<float*>(q.scales.data());
+  const bool avx2 = gemv_isa() != GemvIsa::Portable;
   const auto quantize_rows = [&](int64_t begin, int64_t end, int) {
     std::vector<float> row(static_cast<size_t>(k));
     for (int64_t j = begin; j < end; ++j) {
       to_float(weight + static_cast<size_t>(j * k) * elem_size(elem), elem, row.data(), k);
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t first = g * group, last = std::min(k, first + group);
+        const float* in = row.data() + first;
+        int8_t* out = values + j * k + first;
         float largest = 0.0f;
-        for (int64_t i = first; i < last; ++i) largest = std::max(largest, std::fabs(row[static_cast<size_t>(i)]));
+#ifdef NPUSIM_GEMV_X86
+        if (avx2) largest = avx2_largest_magnitude(in, last - first);
+#endif
+        if (!avx2)
+          for (int64_t i = 0; i < last - first; ++i) largest = std::max(largest, std::fabs(in[i]));
         const float scale = std::isfinite(largest) ? largest / 127.0f : 0.0f;
         const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
         scales[j * groups + g] = scale;
-        for (int64_t i = first; i < last; ++i) {
-          const float scaled = std::nearbyint(row[static_cast<size_t>(i)] * inverse);
-          values[j * k + i] = static_cast<int8_t>(std::clamp(std::isnan(scaled) ? 0.0f : scaled, -127.0f, 127.0f));
+#ifdef NPUSIM_GEMV_X86
+        if (avx2) {
+          avx2_quantize_values(in, last - first, inverse, out);
+          continue;
+        }
+#endif
+        for (int64_t i = 0; i < last - first; ++i) {
+          const float scaled = std::nearbyint(in[i] * inverse);
+          out[i] = static_cast<int8_t>(std::clamp(std::isnan(scaled) ? 0.0f : scaled, -127.0f, 127.0f));
         }
       }
     }
