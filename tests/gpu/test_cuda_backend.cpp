@@ -217,18 +217,7 @@ DecodeBlock decode_block(DType storage, int64_t k) {
   b.graph.source = "decode block";
   uint64_t seed = 1;
   auto value = [&](const std::string& name, Shape shape, bool weight) {
-    const TensorMeta meta{shape, DType::Float32};
-    const ValueId id = compiler::add_value(b.graph, name, meta, weight ? ValueKind::Weight : ValueKind::GraphInput);
-    const Tensor values = make_values(Operand{shape, DType::Float32, weight}, seed++, storage);
-    if (weight) {
-      b.graph.value(id).weight_key = name;
-      b.graph.weights.push_back(id);
-      b.weights.emplace_back(id, values);
-    } else {
-      b.graph.inputs.push_back(id);
-      b.inputs[name] = values;
-    }
-    return id;
+    return add_operand(b, name, Operand{shape, DType::Float32, weight}, seed++, storage);
   };
   auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs) {
     std::vector<TensorMeta> metas;

@@ -129,28 +129,30 @@ struct Built {
   std::vector<std::pair<ValueId, Tensor>> weights;
 };
 
+// Adds `operand` to the graph as a weight or a graph input named `name`, with values from `seed`.
+inline ValueId add_operand(Built& b, const std::string& name, const Operand& operand, uint64_t seed, DType storage) {
+  const Tensor values = make_values(operand, seed, storage);
+  const ValueId id = compiler::add_value(b.graph, name, TensorMeta{operand.shape, operand.dtype},
+                                         operand.weight ? ValueKind::Weight : ValueKind::GraphInput);
+  if (operand.weight) {
+    b.graph.value(id).weight_key = name;
+    b.graph.weights.push_back(id);
+    b.weights.emplace_back(id, values);
+  } else {
+    b.graph.inputs.push_back(id);
+    b.inputs[name] = values;
+  }
+  return id;
+}
+
 inline Built build(const Case& c, DType storage) {
   Built b;
   b.graph.source = "conformance " + case_name(c);
   std::vector<ValueId> inputs;
   std::vector<TensorMeta> metas;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
-    const Operand& operand = c.inputs[i];
-    const std::string name = "in" + std::to_string(i);
-    const TensorMeta meta{operand.shape, operand.dtype};
-    const Tensor values = make_values(operand, i + 1, storage);
-    const ValueId id =
-        compiler::add_value(b.graph, name, meta, operand.weight ? ValueKind::Weight : ValueKind::GraphInput);
-    if (operand.weight) {
-      b.graph.value(id).weight_key = name;
-      b.graph.weights.push_back(id);
-      b.weights.emplace_back(id, values);
-    } else {
-      b.graph.inputs.push_back(id);
-      b.inputs[name] = values;
-    }
-    inputs.push_back(id);
-    metas.push_back(meta);
+    inputs.push_back(add_operand(b, "in" + std::to_string(i), c.inputs[i], i + 1, storage));
+    metas.push_back(TensorMeta{c.inputs[i].shape, c.inputs[i].dtype});
   }
   const OpDef* def = OpRegistry::instance().find(c.op);
   if (!def) throw Error("unknown op " + c.op);

@@ -143,20 +143,23 @@ std::vector<Tensor> conv_inputs(const ConvCase& c) {
   return inputs;
 }
 
+// The conv2d kernel on `c` with operands rounded to `elem`, against the reference on the same rounded operands.
+void check_conv(const ConvCase& c, Elem elem, int threads, const std::string& label) {
+  const Attrs attrs = normalized("conv2d", conv_attrs(c));
+  std::vector<Tensor> inputs = conv_inputs(c);
+  for (Tensor& t : inputs) t = rounded(t, elem);
+  const Tensor expected = reference("conv2d", attrs, inputs);
+  const std::optional<Tensor> actual = run_kernel("conv2d", attrs, inputs, expected.shape(), elem, threads);
+  ASSERT_TRUE(actual) << label;
+  expect_close(*actual, rounded(expected, elem), tolerance(elem), label);
+}
+
 TEST(ConvKernels, Conv2dMatchesReference) {
   for (const ConvCase& c : conv_cases())
     for (Elem elem : {Elem::F32, Elem::F16, Elem::BF16})
-      for (int threads : {1, 2}) {
-        const std::string label =
-            c.label + " elem " + std::to_string(static_cast<int>(elem)) + " threads " + std::to_string(threads);
-        const Attrs attrs = normalized("conv2d", conv_attrs(c));
-        std::vector<Tensor> inputs = conv_inputs(c);
-        for (Tensor& t : inputs) t = rounded(t, elem);
-        const Tensor expected = reference("conv2d", attrs, inputs);
-        const std::optional<Tensor> actual = run_kernel("conv2d", attrs, inputs, expected.shape(), elem, threads);
-        ASSERT_TRUE(actual) << label;
-        expect_close(*actual, rounded(expected, elem), tolerance(elem), label);
-      }
+      for (int threads : {1, 2})
+        check_conv(c, elem, threads,
+                   c.label + " elem " + std::to_string(static_cast<int>(elem)) + " threads " + std::to_string(threads));
 }
 
 TEST(ConvKernels, FusedConvWithResidualAndActivations) {
@@ -229,15 +232,9 @@ TEST(ConvKernels, EveryMicroKernelMatchesReference) {
     for (const ConvCase& c : conv_cases())
       for (Elem elem : {Elem::F32, Elem::BF16})
         for (int threads : {1, 2}) {
-          const std::string label = c.label + " kernel " + std::to_string(static_cast<int>(kernel)) + " elem " +
-                                    std::to_string(static_cast<int>(elem)) + " threads " + std::to_string(threads);
-          const Attrs attrs = normalized("conv2d", conv_attrs(c));
-          std::vector<Tensor> inputs = conv_inputs(c);
-          for (Tensor& t : inputs) t = rounded(t, elem);
-          const Tensor expected = reference("conv2d", attrs, inputs);
-          const std::optional<Tensor> actual = run_kernel("conv2d", attrs, inputs, expected.shape(), elem, threads);
-          ASSERT_TRUE(actual) << label;
-          expect_close(*actual, rounded(expected, elem), tolerance(elem), label);
+          check_conv(c, elem, threads,
+                     c.label + " kernel " + std::to_string(static_cast<int>(kernel)) + " elem " +
+                         std::to_string(static_cast<int>(elem)) + " threads " + std::to_string(threads));
           if (testing::Test::HasFailure()) break;
         }
   }

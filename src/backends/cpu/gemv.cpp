@@ -82,6 +82,12 @@ void pair_activations(const float* x, int64_t k, float* out) {
   std::copy(x + whole, x + k, out + whole);
 }
 
+// One weight value as int8 with 1 / scale `inverse`: rounded to nearest even, clamped to [-127, 127], NaN as 0.
+int8_t quantized(float value, float inverse) {
+  const float scaled = std::nearbyint(value * inverse);
+  return static_cast<int8_t>(std::clamp(std::isnan(scaled) ? 0.0f : scaled, -127.0f, 127.0f));
+}
+
 bool int8_products(const GemvWeight& w) {
   return w.type == GemvWeightType::Int8 && w.k >= kActivationBlock &&
          (w.group >= w.k || w.group % kActivationBlock == 0);
@@ -568,10 +574,7 @@ void avx2_quantize_values(const float* values, int64_t count, float inverse, int
     const __m128i narrow = _mm_packs_epi32(_mm256_castsi256_si128(whole), _mm256_extracti128_si256(whole, 1));
     _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), _mm_packs_epi16(narrow, narrow));
   }
-  for (; i < count; ++i) {
-    const float scaled = std::nearbyint(values[i] * inverse);
-    out[i] = static_cast<int8_t>(std::clamp(std::isnan(scaled) ? 0.0f : scaled, -127.0f, 127.0f));
-  }
+  for (; i < count; ++i) out[i] = quantized(values[i], inverse);
 }
 
 #pragma GCC pop_options
@@ -788,10 +791,7 @@ QuantizedWeight quantize_int8(const std::byte* weight, Elem elem, int64_t n, int
           continue;
         }
 #endif
-        for (int64_t i = 0; i < last - first; ++i) {
-          const float scaled = std::nearbyint(in[i] * inverse);
-          out[i] = static_cast<int8_t>(std::clamp(std::isnan(scaled) ? 0.0f : scaled, -127.0f, 127.0f));
-        }
+        for (int64_t i = 0; i < last - first; ++i) out[i] = quantized(in[i], inverse);
       }
     }
   };
