@@ -211,7 +211,9 @@ struct DecodeBlock {
   size_t unfused_kernels = 0;
 };
 
-DecodeBlock decode_block(DType storage, int64_t k) {
+// With `norms`, each group of linears reads its row through an rms_norm that becomes the GEMV's prologue, and one
+// more normalized row is also an output of the graph (so its rms_norm must still run).
+DecodeBlock decode_block(DType storage, int64_t k, bool norms) {
   DecodeBlock block;
   Built& b = block.built;
   b.graph.source = "decode block";
@@ -219,11 +221,10 @@ DecodeBlock decode_block(DType storage, int64_t k) {
   auto value = [&](const std::string& name, Shape shape, bool weight) {
     return add_operand(b, name, Operand{shape, DType::Float32, weight}, seed++, storage);
   };
-  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs) {
+  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
     std::vector<TensorMeta> metas;
     for (ValueId id : inputs) metas.push_back(b.graph.value(id).meta);
     const OpDef* def = OpRegistry::instance().find(op);
-    Attrs a;
     OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
     Node made = compiler::make_node(b.graph, op, name, a, inputs, def->infer(a, metas), {name});
     const ValueId out = made.outputs[0];
@@ -232,37 +233,55 @@ DecodeBlock decode_block(DType storage, int64_t k) {
     return out;
   };
   const ValueId x = value("x", {1, 1, k}, false), residual = value("residual", {1, 1, 40}, false);
-  const ValueId q = node("linear", "q", {x, value("wq", {40, k}, true), value("bq", {40}, true)});
-  const ValueId kv = node("linear", "k", {x, value("wk", {24, k}, true), value("bk", {24}, true)});
-  const ValueId o = node("linear", "o", {x, value("wo", {40, k}, true)});
+  auto row = [&](const std::string& name) {
+    if (!norms) return x;
+    return node("rms_norm", name, {x, value(name + ".weight", {k}, true)},
+                attrs({{"normalized_shape", L({k})}, {"eps", F(1e-5)}}));
+  };
+  const ValueId attention_row = row("input_norm");
+  const ValueId q = node("linear", "q", {attention_row, value("wq", {40, k}, true), value("bq", {40}, true)});
+  const ValueId kv = node("linear", "k", {attention_row, value("wk", {24, k}, true), value("bk", {24}, true)});
+  const ValueId o = node("linear", "o", {attention_row, value("wo", {40, k}, true)});
   const ValueId sum = node("add", "sum", {residual, o});
-  const ValueId gate = node("linear", "gate", {x, value("wg", {56, k}, true)});
-  const ValueId up = node("linear", "up", {x, value("wu", {56, k}, true)});
+  const ValueId mlp_row = row("post_norm");
+  const ValueId gate = node("linear", "gate", {mlp_row, value("wg", {56, k}, true)});
+  const ValueId up = node("linear", "up", {mlp_row, value("wu", {56, k}, true)});
   const ValueId gated = node("silu_mul", "gated", {gate, up});
   b.graph.outputs = {q, kv, sum, gated};
+  if (norms) {
+    const ValueId head = node("linear", "head", {row("final_norm"), value("wh", {72, k}, true)});
+    const ValueId shown = row("shown_norm");
+    const ValueId head2 = node("linear", "head2", {shown, value("wh2", {8, k}, true)});
+    b.graph.outputs.insert(b.graph.outputs.end(), {head, shown, head2});
+  }
   compiler::renumber_producers(b.graph);
   return block;
 }
 
-TEST(CudaFusion, DecodeGemvsFuseIntoTwoLaunchesAndMatchTheReference) {
-  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
-    for (const int64_t k : {int64_t{8}, int64_t{264}, int64_t{4104}}) {
-      const std::string what = std::string(dtype_name(storage)) + " k=" + std::to_string(k);
-      SCOPED_TRACE(what);
-      DecodeBlock block = decode_block(storage, k);
-      const Built& b = block.built;
-      const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
-      for (const bool fuse : {true, false}) {
-        cuda::CudaBackend backend({.poison_memory = true, .fuse_kernels = fuse});
-        const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
-        EXPECT_TRUE(prepared->fallback_nodes().empty());
-        EXPECT_EQ(prepared->last_timings().size(), fuse ? 2u : block.unfused_kernels);
-        for (int run = 0; run < 2; ++run) {
-          const NamedTensors actual = prepared->run(b.inputs);
-          ASSERT_EQ(actual.size(), expected.size());
-          for (size_t i = 0; i < actual.size(); ++i)
-            expect_matches(actual[i].second, expected[i].second, storage,
-                           what + (fuse ? " fused" : " unfused") + " output " + actual[i].first);
+TEST(CudaFusion, DecodeGemvsFuseIntoFewLaunchesAndMatchTheReference) {
+  for (const bool norms : {false, true}) {
+    for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
+      for (const int64_t k : {int64_t{8}, int64_t{264}, int64_t{4104}}) {
+        const std::string what =
+            std::string(dtype_name(storage)) + " k=" + std::to_string(k) + (norms ? " with norms" : "");
+        SCOPED_TRACE(what);
+        DecodeBlock block = decode_block(storage, k, norms);
+        const Built& b = block.built;
+        const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
+        // Fused: q/k/o+add, gate/up/silu_mul, and with norms the head with its norm, and the shown norm and head2.
+        const size_t fused_launches = norms ? 5u : 2u;
+        for (const bool fuse : {true, false}) {
+          cuda::CudaBackend backend({.poison_memory = true, .fuse_kernels = fuse});
+          const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
+          EXPECT_TRUE(prepared->fallback_nodes().empty());
+          EXPECT_EQ(prepared->last_timings().size(), fuse ? fused_launches : block.unfused_kernels);
+          for (int run = 0; run < 2; ++run) {
+            const NamedTensors actual = prepared->run(b.inputs);
+            ASSERT_EQ(actual.size(), expected.size());
+            for (size_t i = 0; i < actual.size(); ++i)
+              expect_matches(actual[i].second, expected[i].second, storage,
+                             what + (fuse ? " fused" : " unfused") + " output " + actual[i].first);
+          }
         }
       }
     }

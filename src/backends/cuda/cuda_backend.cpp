@@ -309,17 +309,24 @@ class CudaPreparedProgram final : public PreparedProgram {
     timings_.clear();
     flags_ = DeviceBuffer(std::max<size_t>(graph_.nodes.size(), 1) * sizeof(int), graph_.source + ": error flags");
     consumers_ = consumers_of_values();
+    // Fusion is planned over the whole graph first: a fused GEMV can take in a normalization that comes before it.
     std::vector<bool> fused_away(graph_.nodes.size(), false);
+    std::vector<std::optional<std::pair<Launch, std::string>>> fused(graph_.nodes.size());
+    if (options_.fuse_kernels && fusion_enabled_by_environment()) {
+      for (size_t n = 0; n < graph_.nodes.size(); ++n) {
+        if (fused_away[n]) continue;
+        std::string label;
+        if (std::optional<Launch> launch = fuse_decode_gemvs(n, fused_away, label))
+          fused[n].emplace(std::move(*launch), std::move(label));
+      }
+    }
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
       if (fused_away[n]) continue;
       const Node& node = graph_.nodes[n];
-      if (options_.fuse_kernels && fusion_enabled_by_environment()) {
-        std::string label;
-        if (std::optional<Launch> fused = fuse_decode_gemvs(n, fused_away, label)) {
-          kernels_.push_back({&node, std::move(*fused), false});
-          timings_.push_back({node.name, label, 0.0});
-          continue;
-        }
+      if (fused[n]) {
+        kernels_.push_back({&node, std::move(fused[n]->first), false});
+        timings_.push_back({node.name, fused[n]->second, 0.0});
+        continue;
       }
       OpContext ctx{node, {}, {}, reinterpret_cast<int*>(flags_.data()) + n};
       for (ValueId id : node.inputs) ctx.inputs.push_back(value_at(id));
@@ -402,6 +409,36 @@ class CudaPreparedProgram final : public PreparedProgram {
     return add_index;
   }
 
+  // The rms_norm writing `x_id`, when it can run as the prologue of the GEMV launch made of the linears `readers`:
+  // they are its only readers, it normalizes the whole row, and its input and weight share the GEMV's storage.
+  struct FusedNorm {
+    size_t node;
+    DeviceValue input;
+    GemvNorm norm;
+  };
+  std::optional<FusedNorm> fusable_norm(ValueId x_id, const std::vector<size_t>& readers, int elem, int64_t k) const {
+    const Value& x_value = graph_.value(x_id);
+    if (x_value.kind != ValueKind::NodeOutput || state_of_value(x_id)) return std::nullopt;
+    const auto index = static_cast<size_t>(x_value.producer);
+    const Node& norm = graph_.nodes[index];
+    if (norm.op != "rms_norm" || norm.inputs.size() != 2 || norm.outputs.size() != 1) return std::nullopt;
+    for (size_t reader : consumers_[static_cast<size_t>(x_id)])
+      if (std::find(readers.begin(), readers.end(), reader) == readers.end()) return std::nullopt;
+    int64_t normalized = 1;
+    for (int64_t size : norm.attrs.get_ints("normalized_shape")) normalized *= size;
+    const DeviceValue input = value_at(norm.inputs[0]), weight = value_at(norm.inputs[1]);
+    if (normalized != k || input.numel() != k || weight.numel() != k || elem_code(input.elem) != elem ||
+        elem_code(weight.elem) != elem || !aligned16(input.data) || !aligned16(weight.data) ||
+        state_of_value(norm.inputs[0]))
+      return std::nullopt;
+    GemvNorm fused;
+    fused.enabled = true;
+    fused.weight = weight.data;
+    fused.elem = elem;
+    fused.eps = rms_norm_eps(norm, graph_.value(norm.outputs[0]).meta.dtype);
+    return FusedNorm{index, input, fused};
+  }
+
   std::optional<Launch> fuse_decode_gemvs(size_t n, std::vector<bool>& fused_away, std::string& label) const {
     const Node& first = graph_.nodes[n];
     if (!plain_gemv(first)) return std::nullopt;
@@ -431,8 +468,16 @@ class CudaPreparedProgram final : public PreparedProgram {
             gate.y = out.data;
             fused_away[up_index] = fused_away[*gate_reader] = true;
             label = "linear+linear+silu_mul";
-            return [where_node, k, elem, x, gate, up_segment](cudaStream_t stream) {
-              check_cuda(launch_gemv_gated(stream, k, elem, x.data, gate, up_segment), "launch_gemv_gated",
+            DeviceValue input = x;
+            GemvNorm norm;
+            if (const auto prologue = fusable_norm(x_id, {n, up_index}, elem, k)) {
+              fused_away[prologue->node] = true;
+              input = prologue->input;
+              norm = prologue->norm;
+              label = "rms_norm+" + label;
+            }
+            return [where_node, k, elem, input, gate, up_segment, norm](cudaStream_t stream) {
+              check_cuda(launch_gemv_gated(stream, k, elem, input.data, gate, up_segment, norm), "launch_gemv_gated",
                          node_label(*where_node));
             };
           }
@@ -442,7 +487,7 @@ class CudaPreparedProgram final : public PreparedProgram {
 
     // Batched: the later linears reading the same row, each with its residual add folded in where it has one.
     std::vector<GemvSegment> segments;
-    std::vector<size_t> members;
+    std::vector<size_t> members, linears;
     for (size_t j = n; j < graph_.nodes.size() && j < n + 16 && segments.size() < kGemvMaxSegments; ++j) {
       const Node& other = graph_.nodes[j];
       if (fused_away[j] || !plain_gemv(other) || other.inputs[0] != x_id) continue;
@@ -454,14 +499,26 @@ class CudaPreparedProgram final : public PreparedProgram {
       if (const auto add_index = fold_residual(j, n, segment)) members.push_back(*add_index);
       segments.push_back(segment);
       members.push_back(j);
+      linears.push_back(j);
     }
-    if (segments.size() == 1 && members.size() == 1) return std::nullopt;  // nothing fused: the plain linear runs
-    label = segments.size() > 1 ? "linear x" + std::to_string(segments.size()) : "linear+add";
+    const auto prologue = fusable_norm(x_id, linears, elem, k);
+    if (segments.size() == 1 && members.size() == 1 && !prologue) return std::nullopt;  // the plain linear runs
+    label = segments.size() > 1 ? "linear x" + std::to_string(segments.size())
+                                : (members.size() > 1 ? "linear+add" : "linear");
     for (size_t member : members)
       if (member != n) fused_away[member] = true;
-    return [where_node, k, elem, x, segments](cudaStream_t stream) {
-      check_cuda(launch_gemv_batch(stream, k, elem, x.data, segments.data(), static_cast<int>(segments.size())),
-                 "launch_gemv_batch", node_label(*where_node));
+    DeviceValue input = x;
+    GemvNorm norm;
+    if (prologue) {
+      fused_away[prologue->node] = true;
+      input = prologue->input;
+      norm = prologue->norm;
+      label = "rms_norm+" + label;
+    }
+    return [where_node, k, elem, input, segments, norm](cudaStream_t stream) {
+      check_cuda(
+          launch_gemv_batch(stream, k, elem, input.data, segments.data(), static_cast<int>(segments.size()), norm),
+          "launch_gemv_batch", node_label(*where_node));
     };
   }
 

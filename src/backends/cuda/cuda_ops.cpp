@@ -382,7 +382,7 @@ std::optional<Launch> rms_norm_op(const OpContext& ctx) {
   if (row_size == 0 || !cpu::is_float_elem(x.elem)) return std::nullopt;
   const Operand weight = ctx.inputs.size() == 2 ? operand(ctx.inputs[1]) : none();
   if (ctx.inputs.size() == 2 && ctx.inputs[1].numel() != row_size) return std::nullopt;
-  const double eps = ctx.node.attrs.is_none("eps") ? machine_epsilon(out.meta.dtype) : ctx.node.attrs.get_float("eps");
+  const double eps = rms_norm_eps(ctx.node, out.meta.dtype);
   const int64_t rows = x.numel() / row_size;
   return [node = &ctx.node, rows, row_size, eps, out, x, weight](cudaStream_t stream) {
     checked(launch_rms_norm(stream, rows, row_size, eps, out.data, code(out.elem), operand(x), weight),
@@ -743,6 +743,10 @@ std::map<std::string, OpFactory> build_table() {
 }
 
 }  // namespace
+
+double rms_norm_eps(const Node& node, DType dtype) {
+  return node.attrs.is_none("eps") ? machine_epsilon(dtype) : node.attrs.get_float("eps");
+}
 
 const std::map<std::string, OpFactory>& op_table() {
   static const std::map<std::string, OpFactory> table = build_table();

@@ -42,6 +42,9 @@ using OpFactory = std::function<std::optional<Launch>(const OpContext&)>;
 const std::map<std::string, OpFactory>& op_table();
 std::vector<std::string> kernel_ops();
 
+// The epsilon of an rms_norm node: its `eps`, or the machine epsilon of its output dtype when none is given.
+double rms_norm_eps(const Node& node, DType dtype);
+
 // Whether the node's output is its first input's bytes reinterpreted (reshapes, and transposes that only move
 // dims of size 1), so that it may alias the input and its kernel copies nothing.
 bool output_aliases_input(const Node& node, const Graph& graph);

@@ -119,11 +119,20 @@ struct GemvSegment {
   Operand residual;         // [rows] or null, added after the bias
   int64_t rows = 0;
 };
+// An RMSNorm applied to the activation row first (the fused normalization of a decoder layer): x is replaced
+// by x / sqrt(mean(x^2) + eps) * weight, rounded to the storage as the rms_norm kernel writes it; the weight [k]
+// is in the same storage as x.
+struct GemvNorm {
+  bool enabled = false;
+  const void* weight = nullptr;
+  int elem = kF32;
+  double eps = 0.0;
+};
 cudaError_t launch_gemv_batch(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment* segments,
-                              int count);
+                              int count, const GemvNorm& norm);
 // The gated MLP's first half in one launch: y = silu(x · Wgᵀ + bg) * (x · Wuᵀ + bu), both weights [rows, k].
 cudaError_t launch_gemv_gated(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment& gate,
-                              const GemvSegment& up);
+                              const GemvSegment& up, const GemvNorm& norm);
 // Whether launch_gemv takes rows of length k in this storage (rows of whole 16-byte vectors; x and w 16-byte
 // aligned).
 bool gemv_supports(int64_t k, int elem);

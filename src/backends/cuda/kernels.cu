@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <utility>
 
 #include "backends/cuda/device_kernels.h"
 
@@ -14,6 +15,20 @@ namespace npusim::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+
+// Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while the kernel before it
+// in the stream finishes; it must wait for that kernel before reading what it writes. Without the attribute both
+// are no-ops.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void wait_for_producer() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ bool is_float_code(int elem) { return elem <= kBF16; }
 
@@ -554,9 +569,11 @@ __global__ void conv_epilogue_kernel(ConvParams p, int64_t n, void* out, int out
   }
 }
 
-// ---- decode GEMV: one warp per output, 16-byte loads of the weight row and of the (cached) activation row ----
+// ---- decode GEMV: one warp (or `parts` warps) per output, 16-byte loads of the weight row and of the (cached)
+// activation row ----
 
-constexpr int kGemvMaxWarps = 8;
+constexpr int kGemvWarps = 4;
+constexpr int kGemvThreads = kGemvWarps * 32;
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v);
@@ -592,86 +609,126 @@ struct GemvBatch {
   GemvSegment segments[kGemvMaxSegments];
   int64_t first[kGemvMaxSegments + 1];  // task index where each segment starts
   int count;                            // a gated batch has one segment of tasks, its up rows in segments[1]
+  GemvNorm norm;
 };
 
-// Accumulates R dot products of the activation row with R weight rows over this warp's slice of the vectors.
-template <typename T, int R>
-__device__ __forceinline__ void gemv_dots(const uint4* activations, const uint4* const (&rows)[R], int64_t vectors,
-                                          int64_t start, int64_t step, float (&acc)[R]) {
+template <typename T>
+__device__ __forceinline__ float dot_vector(uint4 a, uint4 b) {
   constexpr int kPerVector = 16 / sizeof(T);
-  constexpr int kUnroll = 8 / R;
-  for (int64_t base = start; base < vectors; base += step * kUnroll) {
-    uint4 weights[R][kUnroll], inputs[kUnroll];
+  const T* x = reinterpret_cast<const T*>(&a);
+  const T* w = reinterpret_cast<const T*>(&b);
+  float sum = 0.0f;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t at = base + step * u;
-      const bool valid = at < vectors;
-      inputs[u] = valid ? __ldg(activations + at) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int r = 0; r < R; ++r) weights[r][u] = valid ? __ldg(rows[r] + at) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const T* a = reinterpret_cast<const T*>(&inputs[u]);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const T* b = reinterpret_cast<const T*>(&weights[r][u]);
-#pragma unroll
-        for (int e = 0; e < kPerVector; ++e) acc[r] += to_float(a[e]) * to_float(b[e]);
-      }
-    }
-  }
+  for (int e = 0; e < kPerVector; ++e) sum += to_float(x[e]) * to_float(w[e]);
+  return sum;
 }
 
-// `parts` warps share a task (each a slice of its vectors), so that short outputs still fill the GPU; a task is
-// one row of one segment, or a gate row and its up row (R = 2, loaded together). Each block walks groups of
-// tasks from its index by the grid size.
-template <typename T, int R>
-__global__ void __launch_bounds__(kGemvMaxWarps * 32)
-    gemv_batch_kernel(GemvBatch batch, int64_t k, int parts, const T* x) {
-  __shared__ float partial[R][kGemvMaxWarps];
+// The activation vector `at`, normalized as the fused RMSNorm writes it: x * inv_rms * weight, rounded to T.
+template <typename T>
+__device__ __forceinline__ uint4 activation_vector(const uint4* x, const uint4* norm_weight, float inv_rms,
+                                                   int64_t at) {
+  uint4 v = __ldg(x + at);
+  if (!norm_weight) return v;
+  constexpr int kPerVector = 16 / sizeof(T);
+  const uint4 g = __ldg(norm_weight + at);
+  T* values = reinterpret_cast<T*>(&v);
+  const T* scales = reinterpret_cast<const T*>(&g);
+#pragma unroll
+  for (int e = 0; e < kPerVector; ++e) values[e] = from_float<T>(to_float(values[e]) * inv_rms * to_float(scales[e]));
+  return v;
+}
+
+// 1 / sqrt(mean(x^2) + eps) over the k elements of x, computed by the whole block (as rms_norm_kernel does).
+template <typename T>
+__device__ float block_inverse_rms(const uint4* x, int64_t vectors, int64_t k, double eps) {
+  __shared__ float reduce[32];
+  constexpr int kPerVector = 16 / sizeof(T);
+  float squares = 0.0f;
+  for (int64_t at = threadIdx.x; at < vectors; at += blockDim.x) {
+    const uint4 v = __ldg(x + at);
+    const T* values = reinterpret_cast<const T*>(&v);
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) squares += to_float(values[e]) * to_float(values[e]);
+  }
+  const float total = block_sum(squares, reduce);
+  return static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(k) + eps));
+}
+
+// `parts` warps share a task (each a slice of its vectors), so that short outputs still fill the GPU; a task is one
+// row of one segment, or a gate row and its up row (R = 2, loaded together). The first weights are loaded before
+// waiting for the kernel that writes the activations (programmatic dependent launch), and U vectors of each row
+// are in flight per lane.
+template <typename T, int R, int U>
+__global__ void __launch_bounds__(kGemvThreads) gemv_batch_kernel(GemvBatch batch, int64_t k, int parts, const T* x) {
+  __shared__ float partial[R][kGemvWarps];
+  allow_dependent_launch();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % parts;
-  const int tasks_per_block = static_cast<int>(blockDim.x) / 32 / parts;
   const int64_t tasks = batch.first[batch.count];
-  const int64_t groups = (tasks + tasks_per_block - 1) / tasks_per_block;
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / parts) + warp / parts;
+  const bool active = task < tasks;
+  int segment = 0;
+  while (segment + 1 < batch.count && task >= batch.first[segment + 1]) ++segment;
+  const int64_t row = active ? task - batch.first[segment] : 0;
   const int64_t vectors = k / (16 / sizeof(T));
-  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
-    const int64_t task = group * tasks_per_block + warp / parts;
-    int segment = 0;
-    while (segment + 1 < batch.count && task >= batch.first[segment + 1]) ++segment;
-    const int64_t row = task - batch.first[segment];
-    float acc[R] = {};
-    if (task < tasks) {
-      const uint4* rows[R];
+  const uint4* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    rows[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(batch.segments[segment + r].w) + row * k);
+  const int64_t stride = 32 * int64_t{parts} * U;
+  int64_t base = part * 32 + lane;
+  uint4 weights[R][U];
+  auto load_weights = [&]() {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t at = base + 32 * int64_t{parts} * u;
 #pragma unroll
       for (int r = 0; r < R; ++r)
-        rows[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(batch.segments[segment + r].w) + row * k);
-      gemv_dots<T, R>(reinterpret_cast<const uint4*>(x), rows, vectors, part * 32 + lane, 32 * int64_t{parts}, acc);
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+        weights[r][u] = active && at < vectors ? __ldcs(rows[r] + at) : make_uint4(0, 0, 0, 0);
     }
+  };
+  load_weights();  // weights are constants: safe before the producer of x has finished
+  wait_for_producer();
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const auto* norm_weight = static_cast<const uint4*>(batch.norm.weight);
+  const float inv_rms = batch.norm.enabled ? block_inverse_rms<T>(xv, vectors, k, batch.norm.eps) : 1.0f;
+  float acc[R] = {};
+  while (true) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t at = base + 32 * int64_t{parts} * u;
+      if (!active || at >= vectors) break;
+      const uint4 input = batch.norm.enabled ? activation_vector<T>(xv, norm_weight, inv_rms, at) : __ldg(xv + at);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] += dot_vector<T>(input, weights[r][u]);
+    }
+    base += stride;
+    if (!active || base >= vectors) break;
+    load_weights();
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+  if (parts > 1) {
     if (lane == 0)
 #pragma unroll
       for (int r = 0; r < R; ++r) partial[r][warp] = acc[r];
     __syncthreads();
-    if (task < tasks && part == 0 && lane == 0) {
-      float total[R];
+    if (part == 0)
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        total[r] = 0.0f;
-        for (int p = 0; p < parts; ++p) total[r] += partial[r][warp + p];
-        const Operand bias = batch.segments[segment + r].bias;
-        if (bias.data) total[r] += load_f(bias.data, bias.elem, row);
-      }
-      const GemvSegment& out = batch.segments[segment];
-      float result = total[0];
-      if constexpr (R == 2) result = total[0] / (1.0f + __expf(-total[0])) * total[1];
-      if (out.residual.data) result += load_f(out.residual.data, out.residual.elem, row);
-      static_cast<T*>(out.y)[row] = from_float<T>(result);
-    }
-    __syncthreads();  // `partial` is reused by the next group
+      for (int r = 0; r < R; ++r)
+        for (int p = 1; p < parts; ++p) acc[r] += partial[r][warp + p];
   }
+  if (!active || part != 0 || lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const Operand bias = batch.segments[segment + r].bias;
+    if (bias.data) acc[r] += load_f(bias.data, bias.elem, row);
+  }
+  const GemvSegment& out = batch.segments[segment];
+  float result = acc[0];
+  if constexpr (R == 2) result = acc[0] / (1.0f + __expf(-acc[0])) * acc[1];
+  if (out.residual.data) result += load_f(out.residual.data, out.residual.elem, row);
+  static_cast<T*>(out.y)[row] = from_float<T>(result);
 }
 
 // ---- attention: one block per (batch, query head, query row); a warp per key for the scores, a warp per key
@@ -999,41 +1056,63 @@ bool gemv_supports(int64_t k, int elem) { return k > 0 && elem <= kBF16 && (k * 
 
 namespace {
 
+// Launches `kernel` with programmatic dependent launch allowed, so that it can start while the previous kernel of
+// the stream finishes (the kernel waits for it with wait_for_producer()).
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), unsigned blocks, unsigned threads, cudaStream_t stream,
+                             Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename T, int R>
+cudaError_t launch_gemv_typed(cudaStream_t stream, int64_t k, int parts, const void* x, const GemvBatch& batch) {
+  const int64_t tasks = batch.first[batch.count];
+  const auto blocks = static_cast<unsigned>((tasks + kGemvWarps / parts - 1) / (kGemvWarps / parts));
+  const T* input = static_cast<const T*>(x);
+  // Two vectors of each row in flight per lane, four for a lone row of a whole-warp task (measured on an H100).
+  if (R == 1 && parts == 1)
+    return launch_dependent(gemv_batch_kernel<T, R, 4>, blocks, kGemvThreads, stream, batch, k, parts, input);
+  return launch_dependent(gemv_batch_kernel<T, R, 2>, blocks, kGemvThreads, stream, batch, k, parts, input);
+}
+
 template <int R>
-cudaError_t launch_gemv_kernel(cudaStream_t stream, int64_t k, int elem, const void* x, GemvBatch batch) {
+cudaError_t launch_gemv_kernel(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvBatch& batch) {
   const int64_t tasks = batch.first[batch.count];
   if (tasks <= 0) return cudaGetLastError();
-  // Enough warps to fill the GPU: short outputs split each task over up to 8 warps.
+  if (batch.norm.enabled && (!batch.norm.weight || batch.norm.elem != elem)) return cudaErrorInvalidValue;
+  // Short outputs split each task over up to 4 warps, so that about 6144 warps fill the GPU.
+  const int64_t vectors = k / (16 / (elem == kF32 ? 4 : 2));
   int parts = 1;
-  while (parts < kGemvMaxWarps && tasks * parts < 132 * 48 && k / (16 / (elem == kF32 ? 4 : 2)) >= 64 * parts * 2)
-    parts *= 2;
-  const int tasks_per_block = kGemvMaxWarps / parts;
-  const auto blocks = static_cast<unsigned>((tasks + tasks_per_block - 1) / tasks_per_block);
-  const unsigned threads = kGemvMaxWarps * 32;
+  while (parts < kGemvWarps && tasks * parts < 6144 && vectors >= 32 * int64_t{parts} * 2) parts *= 2;
   switch (elem) {
     case kF32:
-      gemv_batch_kernel<float, R><<<blocks, threads, 0, stream>>>(batch, k, parts, static_cast<const float*>(x));
-      break;
+      return launch_gemv_typed<float, R>(stream, k, parts, x, batch);
     case kF16:
-      gemv_batch_kernel<__half, R><<<blocks, threads, 0, stream>>>(batch, k, parts, static_cast<const __half*>(x));
-      break;
+      return launch_gemv_typed<__half, R>(stream, k, parts, x, batch);
     case kBF16:
-      gemv_batch_kernel<__nv_bfloat16, R>
-          <<<blocks, threads, 0, stream>>>(batch, k, parts, static_cast<const __nv_bfloat16*>(x));
-      break;
+      return launch_gemv_typed<__nv_bfloat16, R>(stream, k, parts, x, batch);
     default:
       return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t launch_gemv_batch(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment* segments,
-                              int count) {
+                              int count, const GemvNorm& norm) {
   if (!gemv_supports(k, elem) || count < 1 || count > kGemvMaxSegments) return cudaErrorInvalidValue;
   GemvBatch batch{};
   batch.count = count;
+  batch.norm = norm;
   for (int s = 0; s < count; ++s) {
     batch.segments[s] = segments[s];
     batch.first[s + 1] = batch.first[s] + segments[s].rows;
@@ -1042,10 +1121,11 @@ cudaError_t launch_gemv_batch(cudaStream_t stream, int64_t k, int elem, const vo
 }
 
 cudaError_t launch_gemv_gated(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment& gate,
-                              const GemvSegment& up) {
+                              const GemvSegment& up, const GemvNorm& norm) {
   if (!gemv_supports(k, elem) || gate.rows != up.rows) return cudaErrorInvalidValue;
   GemvBatch batch{};
   batch.count = 1;
+  batch.norm = norm;
   batch.segments[0] = gate;
   batch.segments[1] = up;
   batch.first[1] = gate.rows;
@@ -1059,7 +1139,7 @@ cudaError_t launch_gemv(cudaStream_t stream, int64_t n, int64_t k, void* y, int 
   segment.y = y;
   segment.bias = bias;
   segment.rows = n;
-  return launch_gemv_batch(stream, k, elem, x, &segment, 1);
+  return launch_gemv_batch(stream, k, elem, x, &segment, 1, GemvNorm{});
 }
 
 int64_t attention_max_source() { return kAttentionSharedFloats - kAttentionWarps * kAttentionChunk; }
