@@ -170,11 +170,20 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("attention", {f({1, 4, 5, 8}), f({1, 2, 6, 8}), f({1, 2, 6, 8}), bools({5, 6})},
                        attrs({{"has_mask", B(true)}}), "bool mask"));
   cases.push_back(make("attention", {f({1, 12, 1, 128}), f({1, 2, 300, 128}), f({1, 2, 300, 128})}, {}, "split"));
-  cases.push_back(make("attention",
-                       {f({1, 4, 1, 16}), f({1, 2, 100, 16}), f({1, 2, 100, 12}), f({1, 1, 1, 100}), ints({1}, 70, 71)},
-                       attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "split mask cache position"));
-  cases.push_back(make("attention", {f({1, 2, 1, 8}), f({1, 2, 70, 8}), f({1, 2, 70, 8}), bools({70})},
+  cases.push_back(make(
+      "attention", {f({1, 4, 1, 16}), f({1, 2, 200, 16}), f({1, 2, 200, 12}), f({1, 1, 1, 200}), ints({1}, 150, 151)},
+      attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "split mask cache position"));
+  cases.push_back(make("attention", {f({1, 2, 1, 8}), f({1, 2, 170, 8}), f({1, 2, 170, 8}), bools({170})},
                        attrs({{"has_mask", B(true)}}), "split bool mask"));
+  // Rows of 20 and 12 features: whole 16-byte vectors in fp32 only (the other storages take the generic split).
+  cases.push_back(make("attention", {f({2, 6, 1, 20}), f({2, 3, 389, 20}), f({2, 3, 389, 12})},
+                       attrs({{"scale", F(0.3)}}), "split odd rows"));
+  cases.push_back(
+      make("attention", {f({1, 8, 1, 256}), f({1, 1, 129, 256}), f({1, 1, 129, 40})}, {}, "split wide keys"));
+  cases.push_back(make("attention", {f({2, 8, 1, 16}), f({2, 2, 140, 16}), f({2, 4, 140, 24})}, {},
+                       "split key and value heads differ"));
+  cases.push_back(make("attention", {f({1, 4, 1, 16}), f({1, 2, 12000, 16}), f({1, 2, 12000, 16})}, {},
+                       "split longer than shared memory"));
   cases.push_back(make("attention", {f({2, 3, 40, 16}), f({2, 3, 200, 16}), f({2, 3, 200, 16})}, {}, "long rows"));
   cases.push_back(make("rotary_embedding", {w({4}), ints({2, 7}, 0, 4096)}, attrs({{"attention_scaling", F(0.75)}})));
   return cases;

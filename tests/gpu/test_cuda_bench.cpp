@@ -126,7 +126,10 @@ Tensor int64_tensor(Shape shape, const std::vector<int64_t>& values) {
 TEST(CudaBench, QwenDecodeAndPrefill) {
   if (!benchmarks_wanted()) GTEST_SKIP() << "set NPUSIM_CUDA_BENCH=1";
   {
-    const Program program = compile_for(kFixtures + "/ir/qwen15_decode_ir.json", DType::BFloat16);
+    // $NPUSIM_CUDA_BENCH_DECODE_IR: the same decode graph with a longer cache (the fixture's holds 2048 positions).
+    const char* long_ir = std::getenv("NPUSIM_CUDA_BENCH_DECODE_IR");
+    const Program program =
+        compile_for(long_ir ? std::string(long_ir) : kFixtures + "/ir/qwen15_decode_ir.json", DType::BFloat16);
     const Graph& graph = program.graph;
     std::vector<std::pair<std::string, std::string>> pairs;
     for (size_t i = 4; i < graph.inputs.size(); ++i)
@@ -144,47 +147,56 @@ TEST(CudaBench, QwenDecodeAndPrefill) {
                                            {"position_ids", int64_tensor({1, 1}, {position})},
                                            {"cache_position", int64_tensor({1}, {position})}};
     };
+    // Attention reads keys 0..position only, so a step's time depends on its position, not on the steps before.
+    auto per_token_ms = [&](int64_t first) {
+      std::vector<std::map<std::string, Tensor>> steps;
+      for (int64_t position = first; position < first + 64 && position < cache; ++position)
+        steps.push_back(step(position));
+      for (int i = 0; i < 8; ++i) prepared->run(steps[static_cast<size_t>(i)]);
+      const double start = now_ms();
+      for (const auto& inputs : steps) {
+        const Tensor logits = prepared->run(inputs)[0].second;
+        EXPECT_TRUE(std::isfinite(logits.data<float>()[0]));
+      }
+      return (now_ms() - start) / static_cast<double>(steps.size());
+    };
     for (int64_t position = 0; position < 128; ++position) prepared->run(step(position));
-    std::vector<std::map<std::string, Tensor>> steps;
-    for (int64_t position = 128; position < 192; ++position) steps.push_back(step(position));
-    const double start = now_ms();
-    for (const auto& inputs : steps) {
-      const Tensor logits = prepared->run(inputs)[0].second;
-      ASSERT_TRUE(std::isfinite(logits.data<float>()[0]));
-    }
-    const double per_token = (now_ms() - start) / static_cast<double>(steps.size());
+    const double per_token = per_token_ms(128);
     const bool replayed = cuda::replays_graph(*prepared);
     const double kernels = kernel_ms(*prepared, step(192), true);
     // The first layer's projections and the LM head, with the bandwidth their weights alone need.
     for (const KernelTiming& t : prepared->last_timings()) {
-      if (t.op != "linear") continue;
       const Node* node = nullptr;
       for (const Node& candidate : graph.nodes)
         if (candidate.name == t.node) node = &candidate;
+      if (!node || node->op != "linear") continue;
       const double bytes = 2.0 * static_cast<double>(shape_numel(graph.value(node->inputs[1]).meta.shape));
       if (t.node == "linear" || t.node.size() <= 8 || t.node == graph.nodes.back().name)
-        std::printf("  %-12s %8.4f ms  %6.0f GB/s\n", t.node.c_str(), t.milliseconds, bytes / t.milliseconds / 1e6);
+        std::printf("  %-12s %-34s %8.4f ms  %6.0f GB/s\n", t.node.c_str(), t.op.c_str(), t.milliseconds,
+                    bytes / t.milliseconds / 1e6);
     }
     double weight_bytes = 0.0;  // every linear's weights, each read once per token
     for (const Node& node : graph.nodes)
       if (node.op == "linear")
         weight_bytes += 2.0 * static_cast<double>(shape_numel(graph.value(node.inputs[1]).meta.shape));
-    const size_t launches = prepared->last_timings().size();
+    size_t launches = 0;
+    for (const KernelTiming& t : prepared->last_timings())
+      if (t.op != "reshape" && t.op != "transpose" && t.op != "unsqueeze" && t.op != "view") ++launches;
     std::printf(
         "BENCH qwen2.5-1.5b bf16 decode at context 128-192: %.3f ms/token = %.1f tok/s (kernels alone %.3f ms), "
-        "%zu kernels per token, weights %.2f GB at %.0f GB/s, %zu nodes, %zu on the host, graph replay %s, "
-        "load %.0f ms\n",
-        per_token, 1000.0 / per_token, kernels, launches, weight_bytes / 1e9, weight_bytes / per_token / 1e6,
-        graph.nodes.size(), prepared->fallback_nodes().size(), replayed ? "yes" : "no", load_ms);
-    // A longer context: attention reads more of the cache; the rest of the step is the same.
-    for (int64_t position = 192; position < 1024; ++position) prepared->run(step(position));
-    std::vector<std::map<std::string, Tensor>> late;
-    for (int64_t position = 1024; position < 1088 && position < cache; ++position) late.push_back(step(position));
-    const double late_start = now_ms();
-    for (const auto& inputs : late) prepared->run(inputs);
-    const double late_per_token = (now_ms() - late_start) / static_cast<double>(std::max<size_t>(late.size(), 1));
-    std::printf("BENCH qwen2.5-1.5b bf16 decode at context 1024-1088: %.3f ms/token = %.1f tok/s (%.2fx context 128)\n",
-                late_per_token, 1000.0 / late_per_token, late_per_token / per_token);
+        "%zu launches per token (%zu entries with the aliasing views), weights %.2f GB at %.0f GB/s, %zu nodes, "
+        "%zu on the host, graph replay %s, load %.0f ms, cache %lld positions\n",
+        per_token, 1000.0 / per_token, kernels, launches, prepared->last_timings().size(), weight_bytes / 1e9,
+        weight_bytes / per_token / 1e6, graph.nodes.size(), prepared->fallback_nodes().size(), replayed ? "yes" : "no",
+        load_ms, static_cast<long long>(cache));
+    for (const int64_t context : {int64_t{1024}, int64_t{8128}}) {
+      if (context + 64 > cache) continue;
+      const double late = per_token_ms(context);
+      std::printf(
+          "BENCH qwen2.5-1.5b bf16 decode at context %lld-%lld: %.3f ms/token = %.1f tok/s (%.2fx context 128)\n",
+          static_cast<long long>(context), static_cast<long long>(context + 64), late, 1000.0 / late, late / per_token);
+      kernel_ms(*prepared, step(context + 63), true);
+    }
   }
   {
     const Program program = compile_for(kFixtures + "/ir/qwen15_prefill_ir.json", DType::BFloat16);

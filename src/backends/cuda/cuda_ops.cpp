@@ -497,7 +497,9 @@ std::optional<Launch> attention_op(const OpContext& ctx) {
   p.embed = q.meta.shape[rank - 1];
   p.source = k.meta.shape[rank - 2];
   p.value_embed = v.meta.shape[rank - 1];
-  if (p.embed + p.source > attention_max_source() || p.k_heads == 0 || p.v_heads == 0) return std::nullopt;
+  if (p.k_heads == 0 || p.v_heads == 0) return std::nullopt;
+  // Only the single-kernel form holds a row's scores in shared memory; the split (decode) form takes any length.
+  if (attention_scratch_floats(p) == 0 && p.embed + p.source > attention_max_source()) return std::nullopt;
   p.scale =
       static_cast<float>(a.is_none("scale") ? 1.0 / std::sqrt(static_cast<double>(p.embed)) : a.get_float("scale"));
   p.causal = a.get_bool("is_causal", false);
