@@ -85,9 +85,13 @@ int run_command(const std::vector<std::string>& argv) {
     prepared.set_profiling(args.flag("profile") || args.value("trace"));
     timed([&] { return prepared.run(inputs); });
     path_label = model.label;
-    char line[160];
-    std::snprintf(line, sizeof line, "memory: planned %.2f MB, allocated %.2f MB\n", prepared.planned_bytes() / 1e6,
-                  prepared.allocated_bytes() / 1e6);
+    const PrepareCost cost = prepared.prepare_cost();
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "memory: planned %.2f MB, allocated %.2f MB\nprepare: %.1f ms, %.2f MB of weights packed for the "
+                  "kernels\n",
+                  prepared.planned_bytes() / 1e6, prepared.allocated_bytes() / 1e6, cost.milliseconds,
+                  static_cast<double>(cost.packed_bytes) / 1e6);
     memory_line = line;
     if (args.flag("profile")) std::fputs(format_profile(prepared.last_profile()).c_str(), stdout);
     if (auto trace = args.value("trace")) {

@@ -5,6 +5,8 @@
 // from the heap, 64-byte aligned.
 #include <cstddef>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 namespace npusim {
 
@@ -17,5 +19,28 @@ using ZeroedMemory = std::unique_ptr<std::byte, ZeroedMemoryFree>;
 
 // Fails (npusim::Error naming `what`) when the memory cannot be had.
 ZeroedMemory allocate_zeroed(size_t bytes, const char* what);
+
+// Many zero-filled blocks that live and die together (the packed weights of a prepared program), carved one after
+// another from a few large mappings: no allocation per block and no block zeroed twice (fresh mappings are zero).
+// The mappings start on 4 KiB pages, which a first touch gets at a steady cost, and are offered to huge pages once
+// written (advise_huge_pages). Blocks are 64-byte aligned and freed only with the arena. Thread-safe.
+class ZeroedArena {
+ public:
+  ZeroedArena() = default;
+  ZeroedArena(const ZeroedArena&) = delete;
+  ZeroedArena& operator=(const ZeroedArena&) = delete;
+  // Fails (npusim::Error naming `what`) when the memory cannot be had.
+  std::byte* allocate(size_t bytes, const char* what);
+  // Offers the chunks to transparent huge pages once the blocks are written: the kernel may then merge their 4 KiB
+  // pages in the background (khugepaged), without stalling the first touch.
+  void advise_huge_pages();
+  size_t used_bytes() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<ZeroedMemory> chunks_;
+  size_t free_ = 0;  // bytes left at the end of the last chunk
+  size_t used_ = 0;
+};
 
 }  // namespace npusim

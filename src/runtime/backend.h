@@ -33,6 +33,13 @@ struct KernelTiming {
   double milliseconds = 0.0;
 };
 
+// What preparing a program cost: wall time (binding weights, placing buffers, choosing kernels, packing and
+// transforming weights) and the bytes of weights the backend laid out anew for its kernels.
+struct PrepareCost {
+  double milliseconds = 0.0;
+  int64_t packed_bytes = 0;
+};
+
 class PreparedProgram {
  public:
   virtual ~PreparedProgram() = default;
@@ -40,6 +47,7 @@ class PreparedProgram {
   virtual NamedTensors run(const std::map<std::string, Tensor>& inputs) = 0;
   virtual int64_t planned_bytes() const = 0;    // arena + persistent buffers from the memory plan
   virtual int64_t allocated_bytes() const = 0;  // what prepare actually allocated
+  virtual PrepareCost prepare_cost() const { return {}; }
   virtual void set_profiling(bool on) = 0;
   virtual std::vector<KernelTiming> last_timings() const = 0;
   // Nodes that run the registry's reference implementation instead of a kernel, as "name (op)".

@@ -397,6 +397,16 @@ int64_t DagExecutor::allocated_bytes() const {
   return total;
 }
 
+PrepareCost DagExecutor::prepare_cost() const {
+  PrepareCost total;
+  for (const auto& stage : stages_) {
+    const PrepareCost cost = stage->prepared->prepare_cost();
+    total.milliseconds += cost.milliseconds;
+    total.packed_bytes += cost.packed_bytes;
+  }
+  return total;
+}
+
 void DagExecutor::set_profiling(bool on) {
   profiling_ = on;
   for (const auto& stage : stages_) stage->prepared->set_profiling(on);

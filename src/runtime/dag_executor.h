@@ -43,6 +43,7 @@ class DagExecutor final : public PreparedProgram {
   NamedTensors run(const std::map<std::string, Tensor>& inputs) override;
   int64_t planned_bytes() const override;
   int64_t allocated_bytes() const override;
+  PrepareCost prepare_cost() const override;  // summed over the partitions
   void set_profiling(bool on) override;
   // Every kernel of the last profiled run, in execution order.
   std::vector<KernelTiming> last_timings() const override;

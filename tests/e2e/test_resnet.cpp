@@ -107,6 +107,9 @@ TEST(ResNetCli, RunThenVerify) {
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("top-5"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("latency"), std::string::npos) << run.output;
+  // The pre-packing cost: time and the packed weights (ResNet-18's convolutions and classifier, never none).
+  EXPECT_NE(run.output.find("MB of weights packed for the kernels"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find(", 0.00 MB of weights packed"), std::string::npos) << run.output;
   const auto verify = test::run_command(test::cli() + " verify " + dir + "/cli_out.safetensors " + dir +
                                         "/reference.safetensors --min-pearson 0.9999");
   EXPECT_EQ(verify.exit_code, 0) << verify.output;

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <random>
 
 #include "backends/cpu/conv_winograd.h"
@@ -294,6 +296,97 @@ TEST(ConvKernels, WinogradMatchesReference) {
         const Tensor actual = storage_to_tensor(out.data(), out_elem, expected.shape());
         expect_close(actual, rounded(expected, out_elem), out_elem == Elem::F32 ? 2e-5 : 1.6e-2, label);
       }
+}
+
+// Weights transformed over a pool's threads (whole packed lines per thread) and into a packing arena give the
+// same outputs, bit for bit, as transformed alone; both match the reference. Output channel counts leave partial
+// panels of 6 (tiles as columns) and of 16 (few tiles: tiles as rows).
+TEST(ConvKernels, WinogradWeightsTransformedInParallelMatch) {
+  struct Case {
+    int64_t cin, cout, height, width;
+  };
+  for (const Case& c : {Case{16, 33, 14, 14}, Case{17, 19, 5, 6}, Case{24, 50, 4, 4}, Case{32, 16, 12, 9}}) {
+    const std::string label = "cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " " +
+                              std::to_string(c.height) + "x" + std::to_string(c.width);
+    const Tensor x = random_tensor({1, c.cin, c.height, c.width}, 21);
+    const Tensor w = random_tensor({c.cout, c.cin, 3, 3}, 22);
+    Attrs attrs;
+    attrs.set("padding", std::vector<int64_t>{1});
+    attrs = normalized("conv2d", attrs);
+    const Tensor expected = reference("conv2d", attrs, {x, w});
+    const int64_t pixels = c.height * c.width;
+    const WinogradConv::Geometry g{c.cin, c.cout, c.height, c.width, 1, 1, c.height, c.width};
+    ASSERT_TRUE(WinogradConv::suitable(g)) << label;
+    std::vector<std::vector<float>> outputs;
+    for (int threads : {1, 2, 0}) {  // 0: two threads, packed into an arena
+      ThreadPool pool(std::max(threads, 2));
+      ScratchSpace scratch;
+      auto arena = std::make_shared<ZeroedArena>();
+      std::optional<PackingArenaScope> scope;
+      if (threads == 0) scope.emplace(arena);
+      const WinogradConv conv(g, w.bytes(), Elem::F32, scratch, threads == 1 ? nullptr : &pool);
+      scope.reset();
+      if (threads == 0) EXPECT_GT(arena->used_bytes(), static_cast<size_t>(c.cout * c.cin * 4)) << label;
+      scratch.allocate(pool.size());
+      std::vector<float> workspace(static_cast<size_t>(conv.workspace_floats()));
+      std::vector<float> out(static_cast<size_t>(c.cout * pixels), NAN);
+      conv.run(x.data<float>(), workspace.data(), {reinterpret_cast<std::byte*>(out.data()), Elem::F32, pixels}, {},
+               pool, scratch);
+      Tensor actual(DType::Float32, expected.shape());
+      std::copy(out.begin(), out.end(), actual.mutable_data<float>());
+      expect_close(actual, expected, 2e-5, label);
+      outputs.push_back(std::move(out));
+    }
+    for (size_t i = 1; i < outputs.size(); ++i)
+      for (size_t j = 0; j < outputs[0].size(); ++j)
+        ASSERT_EQ(outputs[i][j], outputs[0][j]) << label << " variant " << i << " at " << j;
+  }
+}
+
+// Images wide enough for the vector paths of the transforms (eight tiles and more per row of tiles: the phase
+// split of the input rows, the 1-D passes and the interleaving of the output rows), for F(4x4) and F(2x2), with
+// bias, residual and ReLU; every element against the reference, the output prefilled with NaN.
+TEST(ConvKernels, WinogradWideImagesMatchReference) {
+  struct Case {
+    int64_t cin, cout, height, width, pad;
+  };
+  for (const Case& c :
+       {Case{16, 20, 70, 70, 1}, Case{16, 24, 4, 35, 1}, Case{17, 16, 9, 67, 2}, Case{16, 16, 3, 45, 0}})
+    for (int threads : {1, 2}) {
+      const std::string label = "cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " " +
+                                std::to_string(c.height) + "x" + std::to_string(c.width) + " pad " +
+                                std::to_string(c.pad) + " threads " + std::to_string(threads);
+      const Tensor x = random_tensor({1, c.cin, c.height, c.width}, 31);
+      const Tensor w = random_tensor({c.cout, c.cin, 3, 3}, 32);
+      const Tensor bias = random_tensor({c.cout}, 33);
+      Attrs attrs;
+      attrs.set("padding", std::vector<int64_t>{c.pad});
+      attrs = normalized("conv2d", attrs);
+      Tensor expected = reference("conv2d", attrs, {x, w, bias});
+      const int64_t out_h = expected.shape()[2], out_w = expected.shape()[3], pixels = out_h * out_w;
+      const Tensor residual = random_tensor(expected.shape(), 34);
+      const double scale = max_abs(expected);
+      float* e = expected.mutable_data<float>();
+      for (int64_t i = 0; i < expected.numel(); ++i) e[i] = std::max(e[i] + residual.data<float>()[i], 0.0f);
+      const WinogradConv::Geometry g{c.cin, c.cout, c.height, c.width, c.pad, c.pad, out_h, out_w};
+      ASSERT_TRUE(WinogradConv::suitable(g)) << label;
+      ThreadPool pool(threads);
+      ScratchSpace scratch;
+      const WinogradConv conv(g, w.bytes(), Elem::F32, scratch, &pool);
+      scratch.allocate(pool.size());
+      std::vector<float> workspace(static_cast<size_t>(conv.workspace_floats()));
+      std::vector<float> out(static_cast<size_t>(c.cout * pixels), NAN);
+      GemmEpilogue epilogue;
+      epilogue.bias = bias.data<float>();
+      epilogue.residual = residual.bytes();
+      epilogue.residual_ld = pixels;
+      epilogue.activation = GemmActivation::Relu;
+      conv.run(x.data<float>(), workspace.data(), {reinterpret_cast<std::byte*>(out.data()), Elem::F32, pixels},
+               epilogue, pool, scratch);
+      Tensor actual(DType::Float32, expected.shape());
+      std::copy(out.begin(), out.end(), actual.mutable_data<float>());
+      expect_close(actual, expected, 2e-5, label, scale + 1.0);
+    }
 }
 
 TEST(ConvKernels, WinogradOnlyWhereItPays) {

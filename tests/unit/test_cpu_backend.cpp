@@ -323,6 +323,31 @@ TEST(CpuBackend, UsesFoldedConstantsAndDerivesFoldedWeights) {
   EXPECT_EQ(values_of(prepare(program_for(graph), without_kernel)->run({{"x", input}})[0].second), expected);
 }
 
+// Preparing counts its time and the weights it packs: a 3x3 convolution over 8 channels (too few for Winograd)
+// packs its 16 x 72 weight as A, 3 panels of 6 rows x 72 depths; the packed weights outlive the backend object and
+// the result matches the reference executor, element by element.
+TEST(CpuBackend, ReportsThePrepareCostAndPackedBytes) {
+  Builder builder;
+  const ValueId x = builder.input("x", {1, 8, 12, 12});
+  const ValueId kernel = builder.weight("conv.weight", {16, 8, 3, 3});
+  const Graph graph =
+      builder.finish({builder.node("conv2d", "conv", {x, kernel}, {{"padding", AttrValue{std::vector<int64_t>{1}}}})});
+  Tensor w(DType::Float32, {16, 8, 3, 3}), input(DType::Float32, {1, 8, 12, 12});
+  for (int64_t i = 0; i < w.numel(); ++i) w.mutable_data<float>()[i] = static_cast<float>((i * 37 % 19) - 9) / 8.0f;
+  for (int64_t i = 0; i < input.numel(); ++i)
+    input.mutable_data<float>()[i] = static_cast<float>((i * 53 % 23) - 11) / 4.0f;
+  std::unique_ptr<PreparedProgram> prepared = prepare(program_for(graph), {{kernel, w}}, 2);
+  const PrepareCost cost = prepared->prepare_cost();
+  EXPECT_GT(cost.milliseconds, 0.0);
+  EXPECT_EQ(cost.packed_bytes, int64_t{3 * 6 * 72 * 4});
+  const Tensor actual = prepared->run({{"x", input}})[0].second;
+  const ReferenceExecutor reference(graph, {{kernel, w}});
+  const Tensor expected = reference.run({{"x", input}})[0].second;
+  ASSERT_EQ(actual.shape(), expected.shape());
+  for (int64_t i = 0; i < expected.numel(); ++i)
+    ASSERT_NEAR(actual.element_as_double(i), expected.element_as_double(i), 1e-4) << i;
+}
+
 TEST(CpuBackend, ThreadCountsDoNotChangeResults) {
   Builder builder;
   const ValueId x = builder.input("x", {64, 96});

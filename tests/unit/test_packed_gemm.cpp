@@ -3,8 +3,11 @@
 // (after rounding to the output's type); one case with arbitrary values uses a tolerance.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <memory>
 #include <random>
 
 #include "backends/cpu/packed_gemm.h"
@@ -358,6 +361,47 @@ TEST(PackedGemm, Im2colOperandMatchesExplicitPatches) {
   set_gemm_kernel_choice(GemmKernelChoice::Best);
 }
 
+// Kernels wider than the taps whose in-row lanes are worked out once per panel (16), strided and padded, and
+// output rows narrower than a panel: the patch matrix gathered while packing equals the explicit one.
+TEST(PackedGemm, Im2colOperandWithWideKernels) {
+  for (const auto [width, kw, sw, pw] : {std::array<int64_t, 4>{40, 19, 1, 9}, std::array<int64_t, 4>{45, 17, 2, 3},
+                                         std::array<int64_t, 4>{9, 21, 3, 10}}) {
+    const int64_t channels = 2, height = 3, kh = 1;
+    Im2colOperand s{nullptr, channels, height, width, kh, kw, 1, sw, 0, pw, 1, 1, height, 0};
+    s.out_w = (width + 2 * pw - kw) / sw + 1;
+    const std::vector<float> input = values(channels, height * width, 4);
+    s.input = input.data();
+    const int64_t k = channels * kw, n = s.out_h * s.out_w, m = 5;
+    const std::vector<float> a = values(m, k, 6);
+    const std::vector<std::byte> a_bytes = store(a, m, k, Elem::F32, k, false);
+    for (GemmKernelChoice kernel : {GemmKernelChoice::Portable, GemmKernelChoice::Best}) {
+      set_gemm_kernel_choice(kernel);
+      ThreadPool pool(2);
+      ScratchSpace scratch;
+      PackedGemm gemm({.m = m, .n = n, .k = k, .a_prepacked = true}, scratch);
+      scratch.allocate(pool.size());
+      const PackedMatrix packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), Elem::F32, m, k);
+      std::vector<float> c(static_cast<size_t>(m * n), kNaN);
+      gemm.run(&packed, s, {reinterpret_cast<std::byte*>(c.data()), Elem::F32, n}, {}, pool, scratch);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t oy = 0; oy < s.out_h; ++oy)
+          for (int64_t ox = 0; ox < s.out_w; ++ox) {
+            double sum = 0.0;
+            for (int64_t ch = 0; ch < channels; ++ch)
+              for (int64_t kx = 0; kx < kw; ++kx) {
+                const int64_t ix = ox * sw - pw + kx;
+                if (ix < 0 || ix >= width) continue;
+                sum += static_cast<double>(a[static_cast<size_t>(i * k + ch * kw + kx)]) *
+                       input[static_cast<size_t>((ch * height + oy) * width + ix)];
+              }
+            ASSERT_EQ(c[static_cast<size_t>(i * n + oy * s.out_w + ox)], static_cast<float>(sum))
+                << "width " << width << " kernel " << kw << " at " << i << "," << oy << "," << ox;
+          }
+    }
+  }
+  set_gemm_kernel_choice(GemmKernelChoice::Best);
+}
+
 TEST(PackedGemm, MismatchedOperandsAreErrors) {
   ThreadPool pool(1);
   ScratchSpace scratch;
@@ -382,6 +426,127 @@ TEST(PackedGemm, MismatchedOperandsAreErrors) {
   EXPECT_THROW(PackedMatrix::pack(GemmSide::A, a_data, Elem::F32, 2, 3, 2), Error);
   EXPECT_NO_THROW(gemm.run(StridedOperand{a_data, Elem::F32, 3}, &right, out, {}, pool, scratch));
   EXPECT_EQ(c[0], 3.0f);
+}
+
+// Every stored value of a packed operand, padding included, as raw bytes.
+std::vector<std::byte> packed_bytes(const PackedMatrix& m) {
+  const std::byte* first = m.panel(0);
+  return std::vector<std::byte>(first, first + m.bytes());
+}
+
+// Each logical element of a packed operand sits where offset_of says; everything else is zero padding.
+TEST(PackedMatrix, OffsetOfLocatesEveryElementAndTheRestIsZero) {
+  for (GemmSide side : {GemmSide::A, GemmSide::B})
+    for (Elem elem : {Elem::F32, Elem::BF16})
+      for (int64_t rows : {1, 5, 6, 7, 17, 33})
+        for (int64_t cols : {1, 3, 16, 19}) {
+          SCOPED_TRACE(testing::Message() << "side " << static_cast<int>(side) << " elem " << static_cast<int>(elem)
+                                          << " " << rows << "x" << cols);
+          const std::vector<float> v = values(rows, cols, 7);
+          const std::vector<std::byte> bytes = store(v, rows, cols, elem, cols, false);
+          const PackedMatrix packed = PackedMatrix::pack(side, bytes.data(), elem, rows, cols);
+          std::vector<bool> used(packed.bytes() / elem_size(elem), false);
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) {
+              const size_t at = packed.offset_of(r, c);
+              ASSERT_LT(at, used.size());
+              ASSERT_FALSE(used[at]) << r << "," << c;
+              used[at] = true;
+              ASSERT_EQ(load_float(packed.panel(0), elem, static_cast<int64_t>(at)),
+                        round_to(elem, v[static_cast<size_t>(r * cols + c)]))
+                  << r << "," << c;
+            }
+          for (size_t i = 0; i < used.size(); ++i)
+            if (!used[i]) ASSERT_EQ(load_float(packed.panel(0), elem, static_cast<int64_t>(i)), 0.0f) << i;
+        }
+}
+
+// A zeroed operand filled through offset_of is the packed operand.
+TEST(PackedMatrix, ZeroedFilledInPlaceEqualsPacked) {
+  for (GemmSide side : {GemmSide::A, GemmSide::B}) {
+    const int64_t rows = 13, cols = 21;
+    const std::vector<float> v = values(rows, cols, 3);
+    const std::vector<std::byte> bytes = store(v, rows, cols, Elem::F32, cols, false);
+    PackedMatrix filled = PackedMatrix::zeroed(side, Elem::F32, rows, cols);
+    EXPECT_EQ(filled.side(), side);
+    EXPECT_EQ(filled.rows(), rows);
+    EXPECT_EQ(filled.cols(), cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        reinterpret_cast<float*>(filled.mutable_panel(0))[filled.offset_of(r, c)] =
+            v[static_cast<size_t>(r * cols + c)];
+    EXPECT_EQ(packed_bytes(filled), packed_bytes(PackedMatrix::pack(side, bytes.data(), Elem::F32, rows, cols)));
+  }
+  EXPECT_THROW(PackedMatrix::zeroed(GemmSide::A, Elem::I64, 2, 2), Error);
+  EXPECT_THROW(PackedMatrix::zeroed(GemmSide::B, Elem::F32, -1, 2), Error);
+}
+
+// Packing over a pool's threads, or into an arena, stores the same bytes as packing alone; every layout, storage
+// type and vector path, with sizes that leave a partial last panel.
+TEST(PackedMatrix, PoolAndArenaPackTheSameBytes) {
+  for (GemmKernelChoice kernel : {GemmKernelChoice::Portable, GemmKernelChoice::Best}) {
+    set_gemm_kernel_choice(kernel);
+    for (GemmSide side : {GemmSide::A, GemmSide::B})
+      for (bool transposed : {false, true})
+        for (Elem elem : {Elem::F32, Elem::F16, Elem::BF16})
+          for (int64_t rows : {1, 7, 301})
+            for (int64_t cols : {5, 17, 260}) {
+              SCOPED_TRACE(testing::Message() << "side " << static_cast<int>(side) << " transposed " << transposed
+                                              << " elem " << static_cast<int>(elem) << " " << rows << "x" << cols
+                                              << " kernel " << static_cast<int>(kernel));
+              const int64_t ld = (transposed ? rows : cols) + 3;
+              const std::vector<std::byte> bytes = store(values(rows, cols, 5), rows, cols, elem, ld, transposed);
+              const PackedMatrix alone = PackedMatrix::pack(side, bytes.data(), elem, rows, cols, ld, transposed);
+              ThreadPool pool(2);
+              const PackedMatrix pooled =
+                  PackedMatrix::pack(side, bytes.data(), elem, rows, cols, ld, transposed, &pool);
+              ASSERT_EQ(packed_bytes(pooled), packed_bytes(alone));
+              auto arena = std::make_shared<ZeroedArena>();
+              PackedMatrix in_arena;
+              {
+                const PackingArenaScope scope(arena);
+                in_arena = PackedMatrix::pack(side, bytes.data(), elem, rows, cols, ld, transposed, &pool);
+              }
+              arena.reset();  // the matrix keeps the arena alive
+              ASSERT_EQ(packed_bytes(in_arena), packed_bytes(alone));
+            }
+  }
+  set_gemm_kernel_choice(GemmKernelChoice::Best);
+}
+
+// Blocks of an arena are zero, 64-byte aligned and disjoint, small ones sharing a mapping and large ones getting
+// their own; outside a scope, matrices are not taken from the arena.
+TEST(ZeroedArena, BlocksAreZeroAlignedAndDisjoint) {
+  auto arena = std::make_shared<ZeroedArena>();
+  std::vector<std::pair<std::byte*, size_t>> blocks;
+  for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{100}, size_t{5} << 20, size_t{40} << 20, size_t{3000},
+                       size_t{0}, size_t{31} << 20}) {
+    std::byte* block = arena->allocate(bytes, "a test");
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(block) % 64, 0u);
+    for (size_t i = 0; i < bytes; i += 4093) ASSERT_EQ(block[i], std::byte{0});
+    if (bytes) ASSERT_EQ(block[bytes - 1], std::byte{0});
+    std::fill(block, block + bytes, std::byte{0x5a});
+    blocks.emplace_back(block, bytes);
+  }
+  for (size_t i = 0; i < blocks.size(); ++i)
+    for (size_t j = i + 1; j < blocks.size(); ++j) {
+      const auto [a, a_bytes] = blocks[i];
+      const auto [b, b_bytes] = blocks[j];
+      EXPECT_TRUE(a + std::max<size_t>(a_bytes, 1) <= b || b + std::max<size_t>(b_bytes, 1) <= a) << i << "," << j;
+    }
+  EXPECT_EQ(blocks[1].first, blocks[0].first + 64);  // consecutive small blocks share a chunk
+  EXPECT_GE(arena->used_bytes(), (size_t{76} << 20) + 3000);
+  arena->advise_huge_pages();
+  {
+    const PackingArenaScope scope(arena);
+    const size_t before = arena->used_bytes();
+    const PackedMatrix packed = PackedMatrix::zeroed(GemmSide::A, Elem::F32, 6, 16);
+    EXPECT_EQ(arena->used_bytes(), before + packed.bytes());
+  }
+  const size_t after = arena->used_bytes();
+  const PackedMatrix outside = PackedMatrix::zeroed(GemmSide::A, Elem::F32, 6, 16);
+  EXPECT_EQ(arena->used_bytes(), after);
+  EXPECT_EQ(load_float(outside.panel(0), Elem::F32, 0), 0.0f);
 }
 
 }  // namespace

@@ -318,14 +318,14 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
                               geo.stride == std::array<int64_t, 2>{1, 1} &&
                               geo.dilation == std::array<int64_t, 2>{1, 1} && geo.groups == 1;
   if (three_by_three && fixed_input(ctx, 1) && WinogradConv::suitable(winograd)) {
-    p.winograd.emplace(winograd, p.weight.data, p.weight.elem, ctx.scratch);
+    p.winograd.emplace(winograd, p.weight.data, p.weight.elem, ctx.scratch, &ctx.pool);
     p.winograd_scratch = reserve(p.winograd->workspace_floats());
   } else if (fixed_input(ctx, 1)) {
     const size_t w_es = elem_size(p.weight.elem);
     for (int64_t group = 0; group < geo.groups; ++group)
       p.packed.push_back(PackedMatrix::pack(
           GemmSide::A, p.weight.data + static_cast<size_t>(group * geo.group_out() * geo.patch()) * w_es, p.weight.elem,
-          geo.group_out(), geo.patch()));
+          geo.group_out(), geo.patch(), 0, false, &ctx.pool));
   }
   if (!p.winograd)
     p.gemm = PackedGemm({.m = geo.group_out(), .n = geo.pixels(), .k = geo.patch(), .a_prepacked = !p.packed.empty()},

@@ -8,6 +8,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/cpu_features.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define NPUSIM_WINOGRAD_X86 1
+#define NPUSIM_WINOGRAD_AVX2 __attribute__((target("avx2")))
+#endif
+
 namespace npusim::cpu {
 
 namespace {
@@ -23,10 +31,12 @@ constexpr double kG2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 
 
 // 1-D transforms over n lanes: out[i][l] = sum_k T[i][k] * in[k][l], with T = B^T (input) or A^T (output). The
 // arrays never overlap; the lane loops take restrict pointers so that they vectorize.
-void input_lanes_f4(const float* __restrict d0, const float* __restrict d1, const float* __restrict d2,
-                    const float* __restrict d3, const float* __restrict d4, const float* __restrict d5,
-                    float* __restrict o0, float* __restrict o1, float* __restrict o2, float* __restrict o3,
-                    float* __restrict o4, float* __restrict o5, int64_t n) {
+[[gnu::always_inline]] inline void input_lanes_f4(const float* __restrict d0, const float* __restrict d1,
+                                                  const float* __restrict d2, const float* __restrict d3,
+                                                  const float* __restrict d4, const float* __restrict d5,
+                                                  float* __restrict o0, float* __restrict o1, float* __restrict o2,
+                                                  float* __restrict o3, float* __restrict o4, float* __restrict o5,
+                                                  int64_t n) {
   for (int64_t l = 0; l < n; ++l) {
     const float a = d4[l] - 4.0f * d2[l], b = d3[l] - 4.0f * d1[l];
     const float c = d4[l] - d2[l], e = 2.0f * (d3[l] - d1[l]);
@@ -39,13 +49,10 @@ void input_lanes_f4(const float* __restrict d0, const float* __restrict d1, cons
   }
 }
 
-void input_transform_f4(const float* const* in, float* const* out, int64_t n) {
-  input_lanes_f4(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2], out[3], out[4], out[5], n);
-}
-
-void input_lanes_f2(const float* __restrict d0, const float* __restrict d1, const float* __restrict d2,
-                    const float* __restrict d3, float* __restrict o0, float* __restrict o1, float* __restrict o2,
-                    float* __restrict o3, int64_t n) {
+[[gnu::always_inline]] inline void input_lanes_f2(const float* __restrict d0, const float* __restrict d1,
+                                                  const float* __restrict d2, const float* __restrict d3,
+                                                  float* __restrict o0, float* __restrict o1, float* __restrict o2,
+                                                  float* __restrict o3, int64_t n) {
   for (int64_t l = 0; l < n; ++l) {
     o0[l] = d0[l] - d2[l];
     o1[l] = d1[l] + d2[l];
@@ -54,14 +61,11 @@ void input_lanes_f2(const float* __restrict d0, const float* __restrict d1, cons
   }
 }
 
-void input_transform_f2(const float* const* in, float* const* out, int64_t n) {
-  input_lanes_f2(in[0], in[1], in[2], in[3], out[0], out[1], out[2], out[3], n);
-}
-
-void output_lanes_f4(const float* __restrict m0, const float* __restrict m1, const float* __restrict m2,
-                     const float* __restrict m3, const float* __restrict m4, const float* __restrict m5,
-                     float* __restrict y0, float* __restrict y1, float* __restrict y2, float* __restrict y3,
-                     int64_t n) {
+[[gnu::always_inline]] inline void output_lanes_f4(const float* __restrict m0, const float* __restrict m1,
+                                                   const float* __restrict m2, const float* __restrict m3,
+                                                   const float* __restrict m4, const float* __restrict m5,
+                                                   float* __restrict y0, float* __restrict y1, float* __restrict y2,
+                                                   float* __restrict y3, int64_t n) {
   for (int64_t l = 0; l < n; ++l) {
     const float s12 = m1[l] + m2[l], d12 = m1[l] - m2[l], s34 = m3[l] + m4[l], d34 = m3[l] - m4[l];
     y0[l] = m0[l] + s12 + s34;
@@ -71,50 +75,145 @@ void output_lanes_f4(const float* __restrict m0, const float* __restrict m1, con
   }
 }
 
-void output_transform_f4(const float* const* in, float* const* out, int64_t n) {
-  output_lanes_f4(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2], out[3], n);
-}
-
-void output_lanes_f2(const float* __restrict m0, const float* __restrict m1, const float* __restrict m2,
-                     const float* __restrict m3, float* __restrict y0, float* __restrict y1, int64_t n) {
+[[gnu::always_inline]] inline void output_lanes_f2(const float* __restrict m0, const float* __restrict m1,
+                                                   const float* __restrict m2, const float* __restrict m3,
+                                                   float* __restrict y0, float* __restrict y1, int64_t n) {
   for (int64_t l = 0; l < n; ++l) {
     y0[l] = m0[l] + m1[l] + m2[l];
     y1[l] = m1[l] - m2[l] - m3[l];
   }
 }
 
-void output_transform_f2(const float* const* in, float* const* out, int64_t n) {
-  output_lanes_f2(in[0], in[1], in[2], in[3], out[0], out[1], n);
-}
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Bias, residual, activation and the store of one output row segment of `count` values at element `at`.
-void finish_row(float* row, int64_t count, int64_t channel, int64_t at, const GemmOutput& out, const GemmEpilogue& e,
-                float* scratch) {
-  if (e.bias) {
-    const float bias = e.bias[channel];
-    for (int64_t j = 0; j < count; ++j) row[j] += bias;
+// The 1-D transforms over pointer arrays, compiled twice: for the baseline ISA and for AVX2 (the same operations,
+// eight lanes at a time; no FMA, so both give the same bits).
+using Transform1d = void (*)(const float* const* in, float* const* out, int64_t n);
+
+#define NPUSIM_WINOGRAD_TRANSFORMS(suffix, attributes)                                                           \
+  attributes void input_transform_f4##suffix(const float* const* in, float* const* out, int64_t n) {             \
+    input_lanes_f4(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2], out[3], out[4], out[5], n); \
+  }                                                                                                              \
+  attributes void input_transform_f2##suffix(const float* const* in, float* const* out, int64_t n) {             \
+    input_lanes_f2(in[0], in[1], in[2], in[3], out[0], out[1], out[2], out[3], n);                               \
+  }                                                                                                              \
+  attributes void output_transform_f4##suffix(const float* const* in, float* const* out, int64_t n) {            \
+    output_lanes_f4(in[0], in[1], in[2], in[3], in[4], in[5], out[0], out[1], out[2], out[3], n);                \
+  }                                                                                                              \
+  attributes void output_transform_f2##suffix(const float* const* in, float* const* out, int64_t n) {            \
+    output_lanes_f2(in[0], in[1], in[2], in[3], out[0], out[1], n);                                              \
   }
-  if (e.residual) {
-    const std::byte* src = e.residual + static_cast<size_t>(at) * elem_size(e.residual_elem);
-    const float* add = reinterpret_cast<const float*>(src);
-    if (e.residual_elem != Elem::F32) {
-      to_float(src, e.residual_elem, scratch, count);
-      add = scratch;
+
+NPUSIM_WINOGRAD_TRANSFORMS(, )
+#ifdef NPUSIM_WINOGRAD_X86
+NPUSIM_WINOGRAD_TRANSFORMS(_avx2, NPUSIM_WINOGRAD_AVX2)
+#endif
+#undef NPUSIM_WINOGRAD_TRANSFORMS
+
+// One 1-D transform: the AVX2 build for eight lanes and more, the baseline one (four lanes a step) below that.
+struct Transform {
+  Transform1d narrow = nullptr, wide = nullptr;
+  void operator()(const float* const* in, float* const* out, int64_t n) const { (n >= 8 ? wide : narrow)(in, out, n); }
+};
+
+struct Transforms {
+  Transform input, output;
+};
+
+Transforms transforms(int m, bool avx2) {
+  Transforms t = m == 4
+                     ? Transforms{{input_transform_f4, input_transform_f4}, {output_transform_f4, output_transform_f4}}
+                     : Transforms{{input_transform_f2, input_transform_f2}, {output_transform_f2, output_transform_f2}};
+#ifdef NPUSIM_WINOGRAD_X86
+  if (avx2) {
+    t.input.wide = m == 4 ? input_transform_f4_avx2 : input_transform_f2_avx2;
+    t.output.wide = m == 4 ? output_transform_f4_avx2 : output_transform_f2_avx2;
+  }
+#endif
+  (void)avx2;
+  return t;
+}
+
+#ifdef NPUSIM_WINOGRAD_X86
+// Eight lanes of the four phases: q[ph][l] = src[4 l + ph], l < 8 (a 4 x 8 transpose).
+NPUSIM_WINOGRAD_AVX2 inline void deinterleave8x4(const float* src, float* const* q, int64_t l) {
+  const __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
+  const __m256 c = _mm256_loadu_ps(src + 16), d = _mm256_loadu_ps(src + 24);
+  const __m256 t0 = _mm256_unpacklo_ps(a, b), t1 = _mm256_unpackhi_ps(a, b);  // lanes 0 2 | 1 3, phases 0 1 / 2 3
+  const __m256 t2 = _mm256_unpacklo_ps(c, d), t3 = _mm256_unpackhi_ps(c, d);  // lanes 4 6 | 5 7
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);            // lanes 0 2 4 6 | 1 3 5 7 -> 0..7
+  const __m256 p[4] = {
+      _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+      _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2))};
+  for (int ph = 0; ph < 4; ++ph) _mm256_storeu_ps(q[ph] + l, _mm256_permutevar8x32_ps(p[ph], order));
+}
+
+// Eight lanes of the two phases: q[ph][l] = src[2 l + ph], l < 8.
+NPUSIM_WINOGRAD_AVX2 inline void deinterleave8x2(const float* src, float* const* q, int64_t l) {
+  const __m256 a = _mm256_loadu_ps(src), b = _mm256_loadu_ps(src + 8);
+  const __m256 even = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+               odd = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+  _mm256_storeu_ps(q[0] + l, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(even), _MM_SHUFFLE(3, 1, 2, 0))));
+  _mm256_storeu_ps(q[1] + l, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0))));
+}
+
+NPUSIM_WINOGRAD_AVX2 int64_t deinterleave_avx2(const float* src, int m, float* const* q, int64_t count) {
+  int64_t l = 0;
+  if (m == 4)
+    for (; l + 8 <= count; l += 8) deinterleave8x4(src + 4 * l, q, l);
+  else if (m == 2)
+    for (; l + 8 <= count; l += 8) deinterleave8x2(src + 2 * l, q, l);
+  return l;
+}
+
+// line[m l + r] = y[r][l] for eight lanes (the inverse of the above).
+NPUSIM_WINOGRAD_AVX2 int64_t interleave_avx2(const float* const* y, int m, float* line, int64_t count) {
+  int64_t l = 0;
+  if (m == 4) {
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // lanes 0..7 -> 0 2 4 6 | 1 3 5 7
+    for (; l + 8 <= count; l += 8) {
+      __m256 p[4];
+      for (int r = 0; r < 4; ++r) p[r] = _mm256_permutevar8x32_ps(_mm256_loadu_ps(y[r] + l), order);
+      const __m256 t0 = _mm256_unpacklo_ps(p[0], p[1]), t1 = _mm256_unpacklo_ps(p[2], p[3]);  // lanes 0 2 | 1 3
+      const __m256 t2 = _mm256_unpackhi_ps(p[0], p[1]), t3 = _mm256_unpackhi_ps(p[2], p[3]);  // lanes 4 6 | 5 7
+      float* out = line + 4 * l;
+      _mm256_storeu_ps(out, _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)));
+      _mm256_storeu_ps(out + 8, _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+      _mm256_storeu_ps(out + 16, _mm256_shuffle_ps(t2, t3, _MM_SHUFFLE(1, 0, 1, 0)));
+      _mm256_storeu_ps(out + 24, _mm256_shuffle_ps(t2, t3, _MM_SHUFFLE(3, 2, 3, 2)));
     }
-    for (int64_t j = 0; j < count; ++j) row[j] += add[j];
+  } else if (m == 2) {
+    for (; l + 8 <= count; l += 8) {
+      const __m256 y0 = _mm256_loadu_ps(y[0] + l), y1 = _mm256_loadu_ps(y[1] + l);
+      const __m256 lo = _mm256_unpacklo_ps(y0, y1), hi = _mm256_unpackhi_ps(y0, y1);  // lanes 0 1 | 4 5, 2 3 | 6 7
+      _mm256_storeu_ps(line + 2 * l, _mm256_permute2f128_ps(lo, hi, 0x20));
+      _mm256_storeu_ps(line + 2 * l + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
   }
-  if (e.activation == GemmActivation::Relu) {
-    for (int64_t j = 0; j < count; ++j) row[j] = row[j] < 0.0f ? 0.0f : row[j];
-  } else if (e.activation == GemmActivation::Clamp) {
-    for (int64_t j = 0; j < count; ++j) row[j] = row[j] < e.low ? e.low : (row[j] > e.high ? e.high : row[j]);
-  }
-  std::byte* dst = out.data + static_cast<size_t>(at) * elem_size(out.elem);
-  if (out.elem == Elem::F32)
-    std::memcpy(dst, row, static_cast<size_t>(count) * sizeof(float));
-  else
-    from_float(row, dst, out.elem, count);
+  return l;
+}
+#endif
+
+// q[ph][l] = src[m l + ph] for every phase ph < m and lane l < count.
+void deinterleave(const float* src, int m, float* const* q, int64_t count, bool avx2) {
+  int64_t l = 0;
+#ifdef NPUSIM_WINOGRAD_X86
+  if (avx2) l = deinterleave_avx2(src, m, q, count);
+#endif
+  (void)avx2;
+  for (; l < count; ++l)
+    for (int ph = 0; ph < m; ++ph) q[ph][l] = src[l * m + ph];
+}
+
+// line[m l + r] = y[r][l] for every r < m and lane l < count.
+void interleave(const float* const* y, int m, float* line, int64_t count, bool avx2) {
+  int64_t l = 0;
+#ifdef NPUSIM_WINOGRAD_X86
+  if (avx2) l = interleave_avx2(y, m, line, count);
+#endif
+  (void)avx2;
+  for (; l < count; ++l)
+    for (int r = 0; r < m; ++r) line[l * m + r] = y[r][l];
 }
 
 }  // namespace
@@ -135,7 +234,8 @@ bool WinogradConv::suitable(const Geometry& g) {
          workspace <= kMaxWorkspaceBytes;
 }
 
-WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weight_elem, ScratchSpace& scratch)
+WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weight_elem, ScratchSpace& scratch,
+                           ThreadPool* pool)
     : g_(g) {
   tile_ = tile_side(g);
   const int alpha = tile_ + 2;
@@ -148,42 +248,71 @@ WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weig
   // the products far faster as [Cout, tiles].
   tiles_as_rows_ = tiles < kGemmTileCols && waste_as_rows + 0.05 < waste_as_columns;
 
-  // U[xi][o][c] = (G w G^T)[i][j], computed in double.
-  std::vector<float> transformed(static_cast<size_t>(alpha * alpha * cout * cin));
-  const double(*gm)[3] = tile_ == 4 ? kG4 : kG2;
-  // Per output channel, over all input channels at once (contiguous, vectorizable): taps [9][cin] as doubles, then
-  // G w -> [alpha][3][cin], then (G w) G^T -> the alpha^2 planes.
-  std::vector<float> row(static_cast<size_t>(cin * 9));
-  std::vector<double> taps(static_cast<size_t>(9 * cin)), gw(static_cast<size_t>(alpha * 3 * cin));
-  for (int64_t o = 0; o < cout; ++o) {
-    to_float(weight + static_cast<size_t>(o * cin * 9) * elem_size(weight_elem), weight_elem, row.data(), cin * 9);
-    for (int64_t c = 0; c < cin; ++c)
-      for (int t = 0; t < 9; ++t) taps[static_cast<size_t>(t * cin + c)] = row[static_cast<size_t>(c * 9 + t)];
-    for (int i = 0; i < alpha; ++i)
-      for (int k = 0; k < 3; ++k) {
-        double* out = gw.data() + (i * 3 + k) * cin;
-        const double *w0 = taps.data() + k * cin, *w1 = taps.data() + (3 + k) * cin, *w2 = taps.data() + (6 + k) * cin;
-        for (int64_t c = 0; c < cin; ++c) out[c] = gm[i][0] * w0[c] + gm[i][1] * w1[c] + gm[i][2] * w2[c];
-      }
-    for (int i = 0; i < alpha; ++i)
-      for (int j = 0; j < alpha; ++j) {
-        float* out = transformed.data() + ((i * alpha + j) * cout + o) * cin;
-        const double *g0 = gw.data() + (i * 3) * cin, *g1 = g0 + cin, *g2 = g1 + cin;
-        for (int64_t c = 0; c < cin; ++c)
-          out[c] = static_cast<float>(g0[c] * gm[j][0] + g1[c] * gm[j][1] + g2[c] * gm[j][2]);
-      }
-  }
-  for (int xi = 0; xi < alpha * alpha; ++xi) {
-    const auto* u = reinterpret_cast<const std::byte*>(transformed.data() + static_cast<size_t>(xi) * cout * cin);
-    weights_.push_back(tiles_as_rows_ ? PackedMatrix::pack(GemmSide::B, u, Elem::F32, cin, cout, cin, true)
-                                      : PackedMatrix::pack(GemmSide::A, u, Elem::F32, cout, cin));
-  }
+  // U[xi][o][c] = (G w G^T)[i][j], computed in double and written straight into its place in the packed operand
+  // of transform point xi: A [Cout, Cin], or B [Cin, Cout] when the tiles are the rows.
+  for (int xi = 0; xi < alpha * alpha; ++xi)
+    weights_.push_back(tiles_as_rows_ ? PackedMatrix::zeroed(GemmSide::B, Elem::F32, cin, cout)
+                                      : PackedMatrix::zeroed(GemmSide::A, Elem::F32, cout, cin));
+  transform_weights(weight, weight_elem, pool);
   gemm_ = tiles_as_rows_
               ? PackedGemm({.m = tiles, .n = cout, .k = cin, .b_prepacked = true, .max_threads = 1}, scratch)
               : PackedGemm({.m = cout, .n = tiles, .k = cin, .a_prepacked = true, .max_threads = 1}, scratch);
   const int64_t input_floats = 2 * alpha * tile_ * tiles_h_ * (tiles_w_ + 1);
-  const int64_t output_floats = (alpha * alpha + alpha * tile_ + tile_ * tile_) * tiles + 2 * (tiles_w_ * tile_ + 16);
+  const int64_t output_floats =
+      (alpha * alpha + alpha * tile_ + tile_ * tile_) * tiles + g.out_h * g.out_w + tiles_w_ * tile_ + 16;
   scratch.reserve_per_worker(static_cast<size_t>(std::max(input_floats, output_floats)) * sizeof(float));
+}
+
+void WinogradConv::transform_weights(const std::byte* weight, Elem weight_elem, ThreadPool* pool) {
+  const int alpha = tile_ + 2;
+  const int64_t cin = g_.in_channels, cout = g_.out_channels;
+  const double(*gm)[3] = tile_ == 4 ? kG4 : kG2;
+  // A packed line (the values of one depth step, here one input channel) holds `width` output channels: 6 as rows
+  // of A, 16 as columns of B. One panel's values, in order, are [input channel][output channel within the line], so
+  // the transform runs over a panel's output channels at once and writes each transform point's panel contiguously.
+  const int64_t width = tiles_as_rows_ ? kGemmTileCols : kGemmTileRows;
+  const int64_t panels = ceil_div(cout, width);
+  // Input channels per block: the taps and G w of a block (27 + 3 alpha values per lane) stay in L2.
+  const int64_t block = std::max<int64_t>(1, 1024 / width);
+  const size_t w_es = elem_size(weight_elem);
+  const auto transform_panels = [&](int64_t begin, int64_t end) {
+    std::vector<float> kernel(9);
+    std::vector<double> taps(static_cast<size_t>(9 * block * width));
+    std::vector<double> gw(static_cast<size_t>(alpha * 3 * block * width));
+    for (int64_t panel = begin; panel < end; ++panel) {
+      const int64_t o0 = panel * width, live = std::min(width, cout - o0);
+      for (int64_t c0 = 0; c0 < cin; c0 += block) {
+        const int64_t channels = std::min(block, cin - c0), lanes = channels * width;
+        // taps[t][c][o] = w[o0 + o][c0 + c][t]; output channels past cout are zero.
+        std::fill(taps.begin(), taps.end(), 0.0);
+        for (int64_t o = 0; o < live; ++o)
+          for (int64_t c = 0; c < channels; ++c) {
+            to_float(weight + static_cast<size_t>(((o0 + o) * cin + c0 + c) * 9) * w_es, weight_elem, kernel.data(), 9);
+            for (int t = 0; t < 9; ++t) taps[static_cast<size_t>(t * lanes + c * width + o)] = kernel[t];
+          }
+        // gw[i][k] = G[i] . (column k of the 3x3 kernel).
+        for (int i = 0; i < alpha; ++i)
+          for (int k = 0; k < 3; ++k) {
+            double* out = gw.data() + (i * 3 + k) * lanes;
+            const double *w0 = taps.data() + k * lanes, *w1 = w0 + 3 * lanes, *w2 = w0 + 6 * lanes;
+            const double g0 = gm[i][0], g1 = gm[i][1], g2 = gm[i][2];
+            for (int64_t l = 0; l < lanes; ++l) out[l] = g0 * w0[l] + g1 * w1[l] + g2 * w2[l];
+          }
+        for (int i = 0; i < alpha; ++i)
+          for (int j = 0; j < alpha; ++j) {
+            float* out = reinterpret_cast<float*>(weights_[static_cast<size_t>(i * alpha + j)].mutable_panel(panel)) +
+                         c0 * width;
+            const double *r0 = gw.data() + (i * 3) * lanes, *r1 = r0 + lanes, *r2 = r1 + lanes;
+            const double g0 = gm[j][0], g1 = gm[j][1], g2 = gm[j][2];
+            for (int64_t l = 0; l < lanes; ++l) out[l] = static_cast<float>(r0[l] * g0 + r1[l] * g1 + r2[l] * g2);
+          }
+      }
+    }
+  };
+  if (pool)
+    pool->parallel_for(panels, 1, [&](int64_t begin, int64_t end, int) { transform_panels(begin, end); });
+  else
+    transform_panels(0, panels);
 }
 
 int64_t WinogradConv::workspace_floats() const {
@@ -198,8 +327,10 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
   const int64_t height = g_.height, width = g_.width, row = tw + 1;
   float* v = workspace;                        // [points][cin][tiles]
   float* products = v + points * cin * tiles;  // [points][cout][tiles] or [points][tiles][cout]
-  const auto input_1d = m == 4 ? input_transform_f4 : input_transform_f2;
-  const auto output_1d = m == 4 ? output_transform_f4 : output_transform_f2;
+  const bool avx2 = cpu_features().avx2_fma_f16c();
+  const Transforms transform = transforms(m, avx2);
+  const Transform& input_1d = transform.input;
+  const Transform& output_1d = transform.output;
 
   // Input tiles, one channel per step: the vertical pass runs over every row of tiles at once.
   const int64_t lanes = tiles_h_ * row;
@@ -215,16 +346,35 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
       first[ph] = std::min(row, shift >= 0 ? 0 : ceil_div(-shift, m));
       last[ph] = std::clamp<int64_t>(ceil_div(width - shift, m), first[ph], row);
     }
+    const int64_t inner_first = *std::max_element(first, first + m), inner_last = *std::min_element(last, last + m);
+    // Per phase, the border tiles outside [inner_first, inner_last): [first, left_end) and [right_begin, last).
+    int64_t left_end[4], right_begin[4];
+    for (int ph = 0; ph < m; ++ph) {
+      left_end[ph] = std::min(inner_first, last[ph]);
+      right_begin[ph] = std::max(inner_last, first[ph]);
+    }
+    // Horizontal input k of tile l is column m l + k: phase k % m, tile l + k / m.
+    int64_t horizontal[6];
+    for (int k = 0; k < alpha; ++k) horizontal[k] = (k % m) * lanes + k / m;
     for (int64_t c = begin; c < end; ++c) {
       const float* plane = input + c * height * width;
       for (int64_t ty = 0; ty < tiles_h_; ++ty)
         for (int k = 0; k < alpha; ++k) {
           const int64_t iy = ty * m - g_.pad_h + k;
           if (iy < 0 || iy >= height) continue;
+          // Element (l, ph) at src[m l + ph]: the tiles every phase has inside the image in one pass, the
+          // borders phase by phase.
+          const float* src = plane + iy * width - g_.pad_w;
+          float* q[4];
           for (int ph = 0; ph < m; ++ph) {
-            float* q = phases + (k * m + ph) * lanes + ty * row;
-            const float* src = plane + iy * width + ph - g_.pad_w;
-            for (int64_t l = first[ph]; l < last[ph]; ++l) q[l] = src[l * m];
+            q[ph] = phases + (k * m + ph) * lanes + ty * row;
+            for (int64_t l = first[ph]; l < left_end[ph]; ++l) q[ph][l] = src[l * m + ph];
+            for (int64_t l = right_begin[ph]; l < last[ph]; ++l) q[ph][l] = src[l * m + ph];
+          }
+          if (inner_first < inner_last) {
+            float* inner[4];
+            for (int ph = 0; ph < m; ++ph) inner[ph] = q[ph] + inner_first;
+            deinterleave(src + inner_first * m, m, inner, inner_last - inner_first, avx2);
           }
         }
       const float* in[6];
@@ -239,7 +389,7 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
       for (int64_t ty = 0; ty < tiles_h_; ++ty)
         for (int i = 0; i < alpha; ++i) {
           for (int k = 0; k < alpha; ++k) {
-            in[k] = rows + (i * m + k % m) * lanes + ty * row + k / m;
+            in[k] = rows + i * m * lanes + ty * row + horizontal[k];
             outs[k] = v + ((i * alpha + k) * cin + c) * tiles + ty * tw;
           }
           input_1d(in, outs, tw);
@@ -262,13 +412,11 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
   });
 
   // Output tiles, one channel per step, both passes over all tiles at once.
-  const int64_t pixels = g_.out_h * g_.out_w;
   pool.parallel_for(cout, 1, [&](int64_t begin, int64_t end, int worker) {
     float* gathered = scratch.worker_as<float>(worker);              // [points][tiles], products as [tiles, Cout]
     float* half = gathered + (tiles_as_rows_ ? points * tiles : 0);  // [alpha][m][tiles]
     float* done = half + alpha * m * tiles;                          // [m][m][tiles]
-    float* line = done + m * m * tiles;                              // one output row
-    float* spare = line + tw * m + 16;
+    float* plane = done + m * m * tiles;                             // the channel's output [out_h, out_w]
     for (int64_t o = begin; o < end; ++o) {
       const float* mt[36];
       for (int xi = 0; xi < points; ++xi) {
@@ -297,12 +445,12 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
         for (int q = 0; q < m; ++q) {
           const int64_t oy = ty * m + q;
           if (oy >= g_.out_h) break;
-          for (int r = 0; r < m; ++r) {
-            const float* y = done + (q * m + r) * tiles + ty * tw;
-            for (int64_t l = 0; l < tw; ++l) line[l * m + r] = y[l];
-          }
-          finish_row(line, g_.out_w, o, o * pixels + oy * g_.out_w, out, epilogue, spare);
+          const float* y[4];
+          for (int r = 0; r < m; ++r) y[r] = done + (q * m + r) * tiles + ty * tw;
+          // tw * m >= out_w values: the overhang is overwritten by the next row, or lies in the slack after the plane.
+          interleave(y, m, plane + oy * g_.out_w, tw, avx2);
         }
+      store_through_epilogue(plane, 0, 1, g_.out_h * g_.out_w, o, 0, out, epilogue);
     }
   });
 }

@@ -21,8 +21,10 @@ class WinogradConv {
 
   // Whether Winograd beats the direct GEMM for this geometry (it needs enough channels to amortize transforms).
   static bool suitable(const Geometry& g);
-  // Transforms and packs the weight [Cout, Cin, 3, 3] (fp32/fp16/bf16); reserves per-worker scratch.
-  WinogradConv(const Geometry& g, const std::byte* weight, Elem weight_elem, ScratchSpace& scratch);
+  // Transforms and packs the weight [Cout, Cin, 3, 3] (fp32/fp16/bf16), over the pool's threads when one is given;
+  // reserves per-worker scratch.
+  WinogradConv(const Geometry& g, const std::byte* weight, Elem weight_elem, ScratchSpace& scratch,
+               ThreadPool* pool = nullptr);
   // Floats of workspace run() needs (the caller places it, e.g. in the shared scratch).
   int64_t workspace_floats() const;
   // One sample: out[Cout, out_h * out_w] = epilogue(conv(input [Cin, height, width])), bias per output channel
@@ -31,6 +33,9 @@ class WinogradConv {
            const ScratchSpace& scratch) const;
 
  private:
+  // U[xi] = G w G^T per transform point xi, computed in double and written straight into its packed place.
+  void transform_weights(const std::byte* weight, Elem weight_elem, ThreadPool* pool);
+
   Geometry g_;
   int tile_ = 4;  // output tile side m; alpha = m + 2
   int64_t tiles_h_ = 0, tiles_w_ = 0;

@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/packed_gemm.h"
 #include "compiler/graph_edit.h"
 #include "npusim/op_registry.h"
 #include "runtime/state_pairs.h"
@@ -96,6 +97,7 @@ class CpuPreparedProgram final : public PreparedProgram {
         pool_(options.threads),
         poison_(options.poison_memory),
         options_(options) {
+    const auto start = std::chrono::steady_clock::now();
     check_supported(graph_);
     if (plan_.values.size() != graph_.values.size())
       fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) +
@@ -108,6 +110,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     check_state_in_place();
     scratch_.allocate(pool_.size());
     for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
+    count_prepare_cost(start);
   }
 
   NamedTensors run(const std::map<std::string, Tensor>& inputs) override {
@@ -155,8 +158,10 @@ class CpuPreparedProgram final : public PreparedProgram {
 
   int64_t planned_bytes() const override { return plan_.arena_bytes + plan_.persistent_bytes; }
   int64_t allocated_bytes() const override {
-    return static_cast<int64_t>(arena_.size() + owned_bytes_ + scratch_.allocated_bytes() + state_bytes_);
+    return static_cast<int64_t>(arena_.size() + owned_bytes_ + packed_weights_->used_bytes() +
+                                scratch_.allocated_bytes() + state_bytes_);
   }
+  PrepareCost prepare_cost() const override { return prepare_cost_; }
   void set_profiling(bool on) override { profiling_ = on; }
   std::vector<KernelTiming> last_timings() const override { return timings_; }
   std::vector<std::string> fallback_nodes() const override {
@@ -303,6 +308,7 @@ class CpuPreparedProgram final : public PreparedProgram {
   }
 
   void build_kernels() {
+    const PackingArenaScope packing(packed_weights_);
     for (const Node& node : graph_.nodes) {
       PreparedKernel prepared = make_kernel(context_for(node));
       const std::vector<size_t> conflicts = conflicting_outputs(context_for(node), prepared.kernel);
@@ -331,12 +337,15 @@ class CpuPreparedProgram final : public PreparedProgram {
       }
       state_.push_back(std::move(slot));
     }
+    const auto start = std::chrono::steady_clock::now();
     kernels_.clear();
     timings_.clear();
+    packed_weights_ = std::make_shared<ZeroedArena>();  // the old kernels' packed weights go with them
     build_kernels();
     scratch_.allocate(pool_.size());
     for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
     check_state_in_place();
+    count_prepare_cost(start);
   }
 
   void write_state(const std::string& input, const Tensor& value) override {
@@ -449,6 +458,14 @@ class CpuPreparedProgram final : public PreparedProgram {
     }
   }
 
+  // Adds the time since `start` (a prepare, or a rebuild for bound state) to this program's prepare cost.
+  void count_prepare_cost(std::chrono::steady_clock::time_point start) {
+    packed_weights_->advise_huge_pages();
+    prepare_cost_.milliseconds +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    prepare_cost_.packed_bytes = static_cast<int64_t>(packed_weights_->used_bytes());
+  }
+
   std::vector<StateSlot> state_;
   size_t state_bytes_ = 0;  // state memory this program allocated (not counting memory shared from another)
 
@@ -465,6 +482,9 @@ class CpuPreparedProgram final : public PreparedProgram {
   std::vector<std::byte*> addresses_;  // by ValueId; unused for views
   std::vector<ValueId> view_of_;       // by ValueId: the value a view aliases, or kNoValue
   std::vector<PreparedKernel> kernels_;
+  // The weights the kernels pack at prepare time (each packed matrix keeps it alive).
+  std::shared_ptr<ZeroedArena> packed_weights_ = std::make_shared<ZeroedArena>();
+  PrepareCost prepare_cost_;
   std::vector<KernelTiming> timings_;
   bool profiling_ = false;
   bool poison_ = false;

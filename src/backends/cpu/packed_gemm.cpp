@@ -112,6 +112,9 @@ __attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t p = 0; p < kc; ++p, a += MR, b += kStep) {
+    // A prepacked weight as A streams from memory: see prefetch_a in packed_gemm_avx512.cpp.
+    _mm_prefetch(reinterpret_cast<const char*>(a) + 256, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(a) + 4096, _MM_HINT_T1);
     __m256 b0, b1;
     load_b_avx2<BE>(b, b0, b1);
     __m256 ar = _mm256_broadcast_ss(a + 0);
@@ -168,6 +171,19 @@ GemmKernelChoice active_kernel() {
 }
 
 bool use_avx2() { return active_kernel() != GemmKernelChoice::Portable; }
+
+// Whether Best multiplies fp32 panels with the AVX2 tile although the CPU has AVX-512. AMD's Zen 4 executes each
+// 512-bit FMA on its 256-bit units in two halves: there the 6x16 AVX2 tile measured as fast or faster than the
+// 6x32 AVX-512 one on every ResNet product (the 7x7 stem's 64 x 12544 x 147: 82 against 72 GFLOP/s; N=49: 95
+// against 88), and ResNet-50 ran 3% faster. Half-precision panels keep the AVX-512 tiles (their conversions gain).
+bool fp32_prefers_avx2() {
+#ifdef NPUSIM_GEMM_X86
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd && g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best;
+#else
+  return false;
+#endif
+}
 
 // The micro-kernel for B panels of `b_elem`; `narrow` when only the first half of the panel's columns count.
 MicroKernel micro_kernel(Elem b_elem, bool avx2, bool narrow) {
@@ -419,13 +435,31 @@ void pack_b_strided(const StridedOperand& b, int64_t k, int64_t col0, int64_t co
 
 // Columns [col0, col0 + cols) of a convolution's patch matrix over its whole depth into panels of NR columns. A
 // panel's columns split into runs that lie in one output row; per kernel tap, each run reads one input row with a
-// fixed stride, zero where the tap falls into the padding.
+// fixed stride, zero where the tap falls into the padding. Which lanes of a run read inside their row depends only
+// on the kernel column, so it is worked out once per panel and kernel column (kernels up to kMaxSpanTaps wide),
+// not once per tap: the 7x7 stem packs 147 rows of taps per panel.
 void pack_b_im2col(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols, float* dst, bool avx2) {
   struct Run {
     int64_t lane, count, iy, ix;  // first lane, lanes, input coordinates of the first lane's top-left tap
   };
+  // Lanes [first, last) of a run read inside the input row; lanes below `pairs` also have their right neighbour
+  // (ix + 2 j + 1) inside, so a stride-2 gather may read them in pairs.
+  struct Span {
+    int64_t first = 0, last = 0, pairs = 0;
+  };
+  constexpr int64_t kMaxSpanTaps = 16;
   const int64_t plane = s.height * s.width, sx = s.stride_w;
+  const auto span_of = [&](const Run& run, int64_t ix) {
+    // Divisions only at the borders: they are slow.
+    Span span{0, run.count, 0};
+    if (ix < 0) span.first = std::min(run.count, ceil_div(-ix, sx));
+    if (ix + (run.count - 1) * sx >= s.width)
+      span.last = std::clamp<int64_t>(ix < s.width ? (s.width - 1 - ix) / sx + 1 : 0, span.first, run.count);
+    span.pairs = sx == 2 ? std::clamp<int64_t>((s.width - ix) / 2, span.first, span.last) : span.first;
+    return span;
+  };
   (void)avx2;  // only x86 has a vector gather
+  const bool cached_spans = s.kernel_w <= kMaxSpanTaps;
   for (int64_t jr = 0; jr < cols; jr += NR) {
     float* panel = dst + jr / NR * k * NR;
     const int64_t width = std::min(NR, cols - jr);
@@ -437,58 +471,98 @@ void pack_b_im2col(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols
       runs[count++] = {j, lanes, oy * s.stride_h - s.pad_h, ox * sx - s.pad_w};
       j += lanes;
     }
-    // Row p = (channel, ky, kx), stepped without divisions.
-    int64_t channel = 0, ky = 0, kx = 0;
-    for (int64_t p = 0; p < k; ++p, ++kx) {
-      if (kx == s.kernel_w) {
-        kx = 0;
-        if (++ky == s.kernel_h) {
-          ky = 0;
-          ++channel;
-        }
-      }
-      const int64_t dy = ky * s.dilation_h, dx = kx * s.dilation_w;
+    Span spans[kMaxSpanTaps][NR];
+    if (cached_spans)
+      for (int64_t kx = 0; kx < s.kernel_w; ++kx)
+        for (int r = 0; r < count; ++r) spans[kx][r] = span_of(runs[r], runs[r].ix + kx * s.dilation_w);
+    float* out = panel;  // row p = (channel, ky, kx) of the panel
+    for (int64_t channel = 0; channel * s.kernel_h * s.kernel_w < k; ++channel) {
       const float* in = s.input + channel * plane;
-      float* out = panel + p * NR;
-      for (int r = 0; r < count; ++r) {
-        const Run& run = runs[r];
-        float* o = out + run.lane;
-        const int64_t iy = run.iy + dy, ix = run.ix + dx;
-        if (iy < 0 || iy >= s.height) {
-          std::fill(o, o + run.count, 0.0f);
-          continue;
-        }
-        // Lanes [first, last) read inside the row (divisions only at the borders: they are slow).
-        int64_t first = 0, last = run.count;
-        if (ix < 0) first = std::min(run.count, ceil_div(-ix, sx));
-        if (ix + (run.count - 1) * sx >= s.width)
-          last = std::clamp<int64_t>(ix < s.width ? (s.width - 1 - ix) / sx + 1 : 0, first, run.count);
-        const float* src = in + iy * s.width + ix;
-        std::fill(o, o + first, 0.0f);
-        if (sx == 1) {
-          std::memcpy(o + first, src + first, static_cast<size_t>(last - first) * sizeof(float));
+      for (int64_t ky = 0; ky < s.kernel_h; ++ky) {
+        const int64_t dy = ky * s.dilation_h;
+        for (int64_t kx = 0; kx < s.kernel_w; ++kx, out += NR) {
+          const int64_t dx = kx * s.dilation_w;
+          for (int r = 0; r < count; ++r) {
+            const Run& run = runs[r];
+            float* o = out + run.lane;
+            const int64_t iy = run.iy + dy, ix = run.ix + dx;
+            if (iy < 0 || iy >= s.height) {
+              std::fill(o, o + run.count, 0.0f);
+              continue;
+            }
+            const Span span = cached_spans ? spans[kx][r] : span_of(run, ix);
+            const float* src = in + iy * s.width + ix;
+            for (int64_t j = 0; j < span.first; ++j) o[j] = 0.0f;
+            if (sx == 1) {
+              std::memcpy(o + span.first, src + span.first,
+                          static_cast<size_t>(span.last - span.first) * sizeof(float));
 #ifdef NPUSIM_GEMM_X86
-        } else if (sx == 2 && avx2) {
-          // Lanes j whose right neighbour ix + 2j + 1 is still inside the row can be read in pairs.
-          const int64_t pairs = std::clamp<int64_t>((s.width - ix) / 2, first, last);
-          gather_stride2_avx2(src + 2 * first, o + first, last - first, pairs - first);
+            } else if (sx == 2 && avx2) {
+              gather_stride2_avx2(src + 2 * span.first, o + span.first, span.last - span.first,
+                                  span.pairs - span.first);
 #endif
-        } else {
-          for (int64_t j = first; j < last; ++j) o[j] = src[j * sx];
+            } else {
+              for (int64_t j = span.first; j < span.last; ++j) o[j] = src[j * sx];
+            }
+            for (int64_t j = span.last; j < run.count; ++j) o[j] = 0.0f;
+          }
+          for (int64_t j = width; j < NR; ++j) out[j] = 0.0f;
         }
-        std::fill(o + last, o + run.count, 0.0f);
       }
-      std::fill(out + width, out + NR, 0.0f);
     }
   }
 }
 
 // ---- epilogue ----
 
+#ifdef NPUSIM_GEMM_X86
+// One row of fp32 sums through the epilogue into an fp32 output in a single pass: + bias (one per row, or one per
+// column), + an fp32 residual, activation. The same operations in the same order as the portable loops; the
+// activation takes the bound as the first operand of max/min, so that a NaN sum stays NaN as it does there.
+NPUSIM_PACK_AVX2 void finish_row_avx2(const float* v, int64_t cols, const float* row_bias, const float* column_bias,
+                                      const float* residual, const GemmEpilogue& e, float* out) {
+  const __m256 bias = _mm256_set1_ps(row_bias ? *row_bias : 0.0f);
+  const __m256 low = _mm256_set1_ps(e.activation == GemmActivation::Relu ? 0.0f : e.low);
+  const __m256 high = _mm256_set1_ps(e.high);
+  int64_t j = 0;
+  for (; j + 8 <= cols; j += 8) {
+    __m256 x = _mm256_loadu_ps(v + j);
+    if (column_bias) x = _mm256_add_ps(x, _mm256_loadu_ps(column_bias + j));
+    if (row_bias) x = _mm256_add_ps(x, bias);
+    if (residual) x = _mm256_add_ps(x, _mm256_loadu_ps(residual + j));
+    if (e.activation != GemmActivation::None) x = _mm256_max_ps(low, x);
+    if (e.activation == GemmActivation::Clamp) x = _mm256_min_ps(high, x);
+    _mm256_storeu_ps(out + j, x);
+  }
+  for (; j < cols; ++j) {
+    float x = v[j];
+    if (column_bias) x += column_bias[j];
+    if (row_bias) x += *row_bias;
+    if (residual) x += residual[j];
+    if (e.activation == GemmActivation::Relu) x = x < 0.0f ? 0.0f : x;
+    if (e.activation == GemmActivation::Clamp) x = x < e.low ? e.low : (x > e.high ? e.high : x);
+    out[j] = x;
+  }
+}
+#endif
+
 // Sums [rows, cols] (row stride ld_sums, changed in place) through the epilogue into C at (row0, col0).
 void store_rows(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
-                const GemmOutput& c, const GemmEpilogue& e) {
+                const GemmOutput& c, const GemmEpilogue& e, [[maybe_unused]] bool avx2) {
   const size_t out_es = elem_size(c.elem);
+#ifdef NPUSIM_GEMM_X86
+  if (avx2 && c.elem == Elem::F32 && (!e.residual || e.residual_elem == Elem::F32)) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t row = row0 + i;
+      const float* residual =
+          e.residual ? reinterpret_cast<const float*>(e.residual) + row * e.residual_ld + col0 : nullptr;
+      finish_row_avx2(sums + i * ld_sums, cols, e.bias && !e.bias_per_column ? e.bias + row : nullptr,
+                      e.bias && e.bias_per_column ? e.bias + col0 : nullptr, residual, e,
+                      reinterpret_cast<float*>(c.data) + row * c.ld + col0);
+    }
+    return;
+  }
+#endif
   alignas(64) float residual_row[kMaxColBlock];
   for (int64_t i = 0; i < rows; ++i) {
     float* v = sums + i * ld_sums;
@@ -544,12 +618,13 @@ struct WorkerBuffers {
 
 }  // namespace
 
-PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem, int64_t rows, int64_t cols, int64_t ld,
-                                bool transposed) {
+namespace {
+thread_local std::shared_ptr<ZeroedArena> g_packing_arena;  // see PackingArenaScope
+}  // namespace
+
+PackedMatrix PackedMatrix::zeroed(GemmSide side, Elem elem, int64_t rows, int64_t cols) {
   require(is_float_elem(elem), "a packed operand must be fp32, fp16 or bf16");
   require(rows >= 0 && cols >= 0, "negative operand size");
-  if (ld == 0) ld = transposed ? rows : cols;
-  require(ld >= (transposed ? rows : cols), "the row stride is smaller than a row");
   PackedMatrix m;
   m.side_ = side;
   m.elem_ = elem;
@@ -558,22 +633,68 @@ PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem,
   const int64_t width = side == GemmSide::A ? MR : NR;       // values per depth step
   const int64_t depth = side == GemmSide::A ? cols : rows;   // k
   const int64_t extent = side == GemmSide::A ? rows : cols;  // m or n
-  const size_t es = elem_size(elem);
-  m.panel_bytes_ = static_cast<size_t>(round_up(std::max<int64_t>(1, depth * width) * static_cast<int64_t>(es), 64));
+  const auto es = static_cast<int64_t>(elem_size(elem));
+  m.panel_bytes_ = static_cast<size_t>(round_up(std::max<int64_t>(1, depth * width) * es, 64));
+  m.bytes_ = m.panel_bytes_ * static_cast<size_t>(ceil_div(extent, width));
+  if (const std::shared_ptr<ZeroedArena>& arena = g_packing_arena) {
+    m.data_ = arena->allocate(m.bytes_, "packed weights");
+    m.owner_ = arena;
+  } else {
+    auto buffer = std::make_shared<AlignedBuffer>(m.bytes_);
+    m.data_ = buffer->data();
+    m.owner_ = std::move(buffer);
+  }
+  return m;
+}
+
+PackingArenaScope::PackingArenaScope(std::shared_ptr<ZeroedArena> arena) : previous_(std::move(g_packing_arena)) {
+  g_packing_arena = std::move(arena);
+}
+
+PackingArenaScope::~PackingArenaScope() { g_packing_arena = std::move(previous_); }
+
+PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem, int64_t rows, int64_t cols, int64_t ld,
+                                bool transposed, ThreadPool* pool) {
+  PackedMatrix m = zeroed(side, elem, rows, cols);  // the padding stays zero
+  if (ld == 0) ld = transposed ? rows : cols;
+  require(ld >= (transposed ? rows : cols), "the row stride is smaller than a row");
+  const int64_t width = side == GemmSide::A ? MR : NR;
+  const int64_t depth = side == GemmSide::A ? cols : rows;
+  const int64_t extent = side == GemmSide::A ? rows : cols;
   const int64_t panels = ceil_div(extent, width);
-  m.storage_ = AlignedBuffer(m.panel_bytes_ * static_cast<size_t>(panels));  // zero-filled: the padding
+  const size_t es = elem_size(elem);
+  // Each source row is one panel line (rows of A, or columns of a transposed B).
+  const bool rows_are_lines = (side == GemmSide::A) != transposed;
+  const bool avx2 = use_avx2();
+  const auto over_panels = [&](const auto& pack_panels) {
+    // Pieces of at least 64 KiB of source: smaller ones cost more to hand out than they save.
+    const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, depth * width * es));
+    if (pool && panels > grain)
+      pool->parallel_for(panels, grain, [&](int64_t begin, int64_t end, int) { pack_panels(begin, end); });
+    else
+      pack_panels(0, panels);
+  };
+  if (rows_are_lines && elem == Elem::F32) {  // 8x8 register transposes
+    over_panels([&](int64_t begin, int64_t end) {
+      for (int64_t panel = begin; panel < end; ++panel)
+        pack_widened_lines(data + static_cast<size_t>(panel * width * ld) * es, static_cast<size_t>(ld) * es, elem,
+                           std::min(width, extent - panel * width), width, depth,
+                           reinterpret_cast<float*>(m.mutable_panel(panel)), avx2);
+    });
+    return m;
+  }
   // Element i of panel row p (depth p) comes from logical element (first + i, p) for A, (p, first + i) for B.
-  const auto pack_as = [&]<typename Bits>() {
+  const auto pack_as = [&]<typename Bits>(int64_t begin, int64_t end) {
     const auto at = [&](int64_t r, int64_t c) { return static_cast<size_t>(transposed ? c * ld + r : r * ld + c); };
-    for (int64_t panel = 0; panel < panels; ++panel) {
-      auto* dst = reinterpret_cast<Bits*>(m.storage_.data() + static_cast<size_t>(panel) * m.panel_bytes_);
+    for (int64_t panel = begin; panel < end; ++panel) {
+      auto* dst = reinterpret_cast<Bits*>(m.mutable_panel(panel));
       const int64_t first = panel * width, count = std::min(width, extent - first);
       const auto copy = [&](int64_t p, int64_t i) {
         const size_t index = side == GemmSide::A ? at(first + i, p) : at(p, first + i);
         std::memcpy(dst + p * width + i, data + index * sizeof(Bits), sizeof(Bits));  // the source may be unaligned
       };
       // Walk the source along its rows.
-      if ((side == GemmSide::A) != transposed) {
+      if (rows_are_lines) {
         for (int64_t i = 0; i < count; ++i)
           for (int64_t p = 0; p < depth; ++p) copy(p, i);
       } else {
@@ -582,10 +703,12 @@ PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem,
       }
     }
   };
-  if (es == 4)
-    pack_as.template operator()<uint32_t>();
-  else
-    pack_as.template operator()<uint16_t>();
+  over_panels([&](int64_t begin, int64_t end) {
+    if (es == 4)
+      pack_as.template operator()<uint32_t>(begin, end);
+    else
+      pack_as.template operator()<uint16_t>(begin, end);
+  });
   return m;
 }
 
@@ -701,9 +824,11 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   const bool direct_a = packed_a && packed_a->elem() == Elem::F32;
   const Elem b_elem = packed_b ? packed_b->elem() : Elem::F32;
   const MicroKernel micro = micro_kernel(b_elem, avx2, false), narrow = micro_kernel(b_elem, avx2, true);
+  // The 6x32 / 6x16 AVX-512 tiles, unless fp32 panels run faster on the AVX2 tile here.
+  const bool wide = avx512 && !(b_elem == Elem::F32 && fp32_prefers_avx2());
 #ifdef NPUSIM_GEMM_X86
-  const gemm_detail::PairKernel single512 = avx512 ? gemm_detail::avx512_kernel(b_elem, false) : nullptr;
-  const gemm_detail::PairKernel pair512 = avx512 ? gemm_detail::avx512_kernel(b_elem, true) : nullptr;
+  const gemm_detail::PairKernel single512 = wide ? gemm_detail::avx512_kernel(b_elem, false) : nullptr;
+  const gemm_detail::PairKernel pair512 = wide ? gemm_detail::avx512_kernel(b_elem, true) : nullptr;
 #endif
   const size_t b_es = packed_b ? elem_size(packed_b->elem()) : sizeof(float);
 #ifdef NPUSIM_GEMM_X86
@@ -736,7 +861,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
             jr += two ? 2 * NR : NR;
           }
         }
-        store_rows(buffers.sums, nc, rows, cols, ic, jc, ops.c, ops.epilogue);
+        store_rows(buffers.sums, nc, rows, cols, ic, jc, ops.c, ops.epilogue, avx2);
       }
       continue;
     }
@@ -770,7 +895,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
         for (int64_t jr = 0; jr < cols;) {
           const std::byte* b0 = b_panel(jr);
 #ifdef NPUSIM_GEMM_X86
-          if (avx512) {  // two B panels at a time while two remain (the sums buffer is padded to whole panels)
+          if (wide) {  // two B panels at a time while two remain (the sums buffer is padded to whole panels)
             const bool pair = cols - jr > NR;
             const std::byte* b1 = pair ? b_panel(jr + NR) : b0;
             for (int64_t ir = 0; ir < rows; ir += MR)
@@ -785,7 +910,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           jr += NR;
         }
       }
-      store_rows(buffers.sums, nc, rows, cols, ic, jc, ops.c, ops.epilogue);
+      store_rows(buffers.sums, nc, rows, cols, ic, jc, ops.c, ops.epilogue, avx2);
     }
   }
 }
@@ -844,6 +969,13 @@ void PackedGemm::run_on_worker(const GemmOperand& a, const GemmOperand& b, const
   float* base = scratch.worker_as<float>(worker);
   const WorkerBuffers buffers{base, base + mc_ * nc_, base + mc_ * nc_ + mc_ * kc_};
   run_region({0, s.m, 0, s.n}, Operands{a, b, c, epilogue}, s, kc_, mc_, nc_, buffers, active_kernel());
+}
+
+void store_through_epilogue(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                            const GemmOutput& c, const GemmEpilogue& epilogue) {
+  const bool avx2 = use_avx2();
+  for (int64_t j = 0; j < cols; j += kMaxColBlock)  // store_rows converts residuals a block of columns at a time
+    store_rows(sums + j, ld_sums, rows, std::min(kMaxColBlock, cols - j), row0, col0 + j, c, epilogue, avx2);
 }
 
 void set_gemm_kernel_choice(GemmKernelChoice choice) { g_choice.store(choice, std::memory_order_relaxed); }

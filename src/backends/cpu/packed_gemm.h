@@ -7,7 +7,7 @@
 // (Im2colOperand: no im2col matrix is ever materialized). The product runs on the backend's ThreadPool with packing
 // buffers that PackedGemm reserves per worker in the ScratchSpace when it is planned, so a run allocates nothing.
 // Micro-kernel (chosen at run time by CPU features): 6x32 / 6x16 AVX-512 over one or two B panels, 6x16 AVX2+FMA, or
-// portable C++.
+// portable C++ (fp32 panels take the AVX2 tile on AMD's AVX-512 CPUs, where it measured faster).
 //
 // Typical use, at prepare time:   PackedMatrix w = PackedMatrix::pack(GemmSide::B, weight, elem, k, n, k, true);
 //                                 PackedGemm gemm({.m = m, .n = n, .k = k, .b_prepacked = true}, ctx.scratch);
@@ -15,9 +15,11 @@
 //                                          pool, scratch);
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <variant>
 
 #include "backends/cpu/kernels.h"
+#include "core/zeroed_memory.h"
 
 namespace npusim::cpu {
 
@@ -34,25 +36,53 @@ class PackedMatrix {
   PackedMatrix() = default;
   // Packs the operand of logical shape [rows, cols] ([m, k] for A, [k, n] for B) whose element (r, c) is
   // data[r * ld + c], or data[c * ld + r] when `transposed` (a linear weight [n, k] used as B); ld 0 means dense.
-  // `elem` is F32, F16 or BF16 and stays the panels' type.
+  // `elem` is F32, F16 or BF16 and stays the panels' type. With a pool, its threads share the panels (at prepare
+  // time most of the cost is the first touch of fresh pages, which two threads take about twice as fast).
   static PackedMatrix pack(GemmSide side, const std::byte* data, Elem elem, int64_t rows, int64_t cols, int64_t ld = 0,
-                           bool transposed = false);
+                           bool transposed = false, ThreadPool* pool = nullptr);
+  // An all-zero packed operand for callers that compute the values straight into their packed places (see
+  // offset_of), so that the logical matrix never exists on its own.
+  static PackedMatrix zeroed(GemmSide side, Elem elem, int64_t rows, int64_t cols);
 
   GemmSide side() const { return side_; }
   Elem elem() const { return elem_; }
   int64_t rows() const { return rows_; }                                  // logical rows: m for A, k for B
   int64_t cols() const { return cols_; }                                  // logical cols: k for A, n for B
   int64_t depth() const { return side_ == GemmSide::A ? cols_ : rows_; }  // k
-  size_t bytes() const { return storage_.size(); }
+  size_t bytes() const { return bytes_; }
   // Panel `p` (k-major, kGemmTileRows or kGemmTileCols values per k step) in the packed storage type.
-  const std::byte* panel(int64_t p) const { return storage_.data() + static_cast<size_t>(p) * panel_bytes_; }
+  const std::byte* panel(int64_t p) const { return data_ + static_cast<size_t>(p) * panel_bytes_; }
+  std::byte* mutable_panel(int64_t p) { return data_ + static_cast<size_t>(p) * panel_bytes_; }
+  // Where logical element (r, c) lives, in elements from the start of the storage.
+  size_t offset_of(int64_t r, int64_t c) const {
+    const int64_t width = side_ == GemmSide::A ? kGemmTileRows : kGemmTileCols;
+    const int64_t line = side_ == GemmSide::A ? r : c, step = side_ == GemmSide::A ? c : r;
+    return static_cast<size_t>(line / width) * (panel_bytes_ / elem_size(elem_)) +
+           static_cast<size_t>(step * width + line % width);
+  }
 
  private:
   GemmSide side_ = GemmSide::A;
   Elem elem_ = Elem::F32;
   int64_t rows_ = 0, cols_ = 0;
   size_t panel_bytes_ = 0;
-  AlignedBuffer storage_;
+  std::shared_ptr<const void> owner_;  // what keeps the storage alive: a buffer of its own, or the arena
+  std::byte* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// While a scope is alive, the PackedMatrix::pack and ::zeroed calls of its thread take their storage from `arena`
+// (each matrix keeps the arena alive), so that the weights a program packs at prepare time share a few large
+// mappings; outside any scope each matrix has a buffer of its own. Scopes nest.
+class PackingArenaScope {
+ public:
+  explicit PackingArenaScope(std::shared_ptr<ZeroedArena> arena);
+  ~PackingArenaScope();
+  PackingArenaScope(const PackingArenaScope&) = delete;
+  PackingArenaScope& operator=(const PackingArenaScope&) = delete;
+
+ private:
+  std::shared_ptr<ZeroedArena> previous_;
 };
 
 // An operand read in place and packed during the product: element (r, c) of its logical [rows, cols] matrix is
@@ -132,6 +162,12 @@ class PackedGemm {
   GemmSpec spec_;
   int64_t kc_ = 0, mc_ = 0, nc_ = 0;  // cache blocking: depth, rows and columns per block
 };
+
+// Sums [rows, cols] (row stride ld_sums, changed in place) through `epilogue` into C at (row0, col0), the way a
+// product stores its sums (bias per row of C, or per column; residual element (i, j) at residual_ld * i + j): for
+// kernels that compute sums of their own, such as Winograd's output transform.
+void store_through_epilogue(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                            const GemmOutput& c, const GemmEpilogue& epilogue);
 
 // Which micro-kernel products use: the best one this CPU supports, or a given one (for tests and measurements).
 enum class GemmKernelChoice : uint8_t { Best, Portable, Avx2, Avx512 };

