@@ -19,12 +19,16 @@ int64_t shape_numel(const Shape& shape);
 std::string shape_string(const Shape& shape);  // "[1, 3, 224, 224]"
 Shape contiguous_strides(const Shape& shape);  // in elements
 
+// Where a tensor's own memory comes from: ordinary pages, or, for a weight that decoding streams once per token,
+// transparent huge pages taken at the first touch (faster to stream, slower to fault in).
+enum class TensorMemory : uint8_t { Ordinary, Streamed };
+
 // A dense, row-major tensor. Storage is shared: copies of a Tensor alias the same bytes. A tensor made by
 // `Tensor::borrow` points into memory owned elsewhere (a mapped file) and keeps its owner alive.
 class Tensor {
  public:
   Tensor() = default;
-  Tensor(DType dtype, Shape shape);  // zero-filled
+  Tensor(DType dtype, Shape shape, TensorMemory memory = TensorMemory::Ordinary);  // zero-filled
   static Tensor borrow(DType dtype, Shape shape, const void* data, std::shared_ptr<const void> owner);
 
   DType dtype() const { return dtype_; }
@@ -51,13 +55,13 @@ class Tensor {
   // Same bytes, another shape with the same element count.
   Tensor reshaped(Shape shape) const;
   // Converted copy (or this tensor when already of that dtype).
-  Tensor to(DType dtype) const;
+  Tensor to(DType dtype, TensorMemory memory = TensorMemory::Ordinary) const;
   // Copy in the reference domain: fp32 for floats, int64 for integers, bool for bool.
   Tensor to_reference() const { return to(reference_dtype(dtype_)); }
   // Element i as double, whatever the dtype.
   double element_as_double(int64_t index) const;
   // Copy in memory of its own (a borrowed tensor's copy no longer reads the mapped file).
-  Tensor clone() const;
+  Tensor clone(TensorMemory memory = TensorMemory::Ordinary) const;
 
  private:
   DType dtype_ = DType::Float32;

@@ -64,8 +64,10 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)), writable_(true) {
-  std::shared_ptr<std::byte> storage = allocate_zeroed(checked_allocation_bytes(dtype_, shape_), "a tensor");
+Tensor::Tensor(DType dtype, Shape shape, TensorMemory memory)
+    : dtype_(dtype), shape_(std::move(shape)), writable_(true) {
+  std::shared_ptr<std::byte> storage = allocate_zeroed(checked_allocation_bytes(dtype_, shape_), "a tensor",
+                                                       memory == TensorMemory::Streamed ? Pages::Huge : Pages::Small);
   data_ = storage.get();
   owner_ = std::move(storage);
 }
@@ -141,9 +143,9 @@ void convert_all(const Tensor& in, Out* out) {
 
 }  // namespace
 
-Tensor Tensor::to(DType target) const {
+Tensor Tensor::to(DType target, TensorMemory memory) const {
   if (target == dtype_) return *this;
-  Tensor out(target, shape_);
+  Tensor out(target, shape_, memory);
   const int64_t n = numel();
   switch (target) {
     case DType::Float32: {
@@ -190,8 +192,8 @@ Tensor Tensor::to(DType target) const {
   return out;
 }
 
-Tensor Tensor::clone() const {
-  Tensor out(dtype_, shape_);
+Tensor Tensor::clone(TensorMemory memory) const {
+  Tensor out(dtype_, shape_, memory);
   if (nbytes()) std::memcpy(out.mutable_bytes(), data_, nbytes());
   return out;
 }

@@ -44,7 +44,7 @@ void ZeroedMemoryFree::operator()(std::byte* p) const {
     std::free(p);
 }
 
-ZeroedMemory allocate_zeroed(size_t bytes, const char* what) {
+ZeroedMemory allocate_zeroed(size_t bytes, const char* what, Pages pages) {
   if (bytes < kHugePage) {
     const size_t rounded = std::max(kHeapAlignment, (bytes + kHeapAlignment - 1) / kHeapAlignment * kHeapAlignment);
     auto* memory = static_cast<std::byte*>(std::aligned_alloc(kHeapAlignment, rounded));
@@ -54,7 +54,7 @@ ZeroedMemory allocate_zeroed(size_t bytes, const char* what) {
   }
   const size_t rounded = mapped_bytes(bytes);
   std::byte* memory = map_aligned(rounded, bytes, what);
-  ::madvise(memory, rounded, MADV_HUGEPAGE);  // advice only: without huge pages the memory works the same
+  if (pages == Pages::Huge) ::madvise(memory, rounded, MADV_HUGEPAGE);  // advice only: works the same without
   return ZeroedMemory(memory, ZeroedMemoryFree{bytes});
 }
 

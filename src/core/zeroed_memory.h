@@ -1,9 +1,12 @@
 #pragma once
 // Zero-filled memory for tensors and kernel buffers. Blocks of 2 MiB and more are anonymous mappings of their
-// own, aligned to 2 MiB and offered to transparent huge pages: a decode step streams every weight once, and reading
-// them through 4 KiB pages (a file mapping, or the default heap) measured 15-20% slower on x86. Smaller blocks come
-// from the heap, 64-byte aligned.
+// own, aligned to 2 MiB (fresh pages are zero, so nothing is cleared); smaller blocks come from the heap, 64-byte
+// aligned. Memory that a decode step streams once per token asks for transparent huge pages at its first touch
+// (Pages::Huge): read through 4 KiB pages the same GEMV measured 15-20% slower on x86. Other memory does not,
+// because a huge page taken at the first touch may wait for the kernel to compact memory (60-300 ms per 100 MB
+// measured while loading ResNet-50).
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -17,8 +20,10 @@ struct ZeroedMemoryFree {
 
 using ZeroedMemory = std::unique_ptr<std::byte, ZeroedMemoryFree>;
 
+enum class Pages : uint8_t { Small, Huge };
+
 // Fails (npusim::Error naming `what`) when the memory cannot be had.
-ZeroedMemory allocate_zeroed(size_t bytes, const char* what);
+ZeroedMemory allocate_zeroed(size_t bytes, const char* what, Pages pages = Pages::Small);
 
 // Many zero-filled blocks that live and die together (the packed weights of a prepared program), carved one after
 // another from a few large mappings: no allocation per block and no block zeroed twice (fresh mappings are zero).

@@ -60,7 +60,8 @@ class SharedWeights {
       const bool convert = tensor.dtype() != storage_, copy = resident_ && tensor.borrowed();
       if (!convert && !copy) continue;
       auto [it, inserted] = converted_.try_emplace(tensor.bytes());
-      if (inserted) it->second = convert ? tensor.to(storage_) : tensor.clone();
+      if (inserted)
+        it->second = convert ? tensor.to(storage_, TensorMemory::Streamed) : tensor.clone(TensorMemory::Streamed);
       tensor = it->second;
     }
     return tensors;

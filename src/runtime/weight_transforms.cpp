@@ -1,7 +1,10 @@
 #include "runtime/weight_transforms.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <thread>
+#include <vector>
 
 namespace npusim {
 
@@ -29,12 +32,25 @@ Tensor apply_weight_transform(const WeightTransform& transform, std::span<const 
     const Tensor weight = sources[0].to(DType::Float32);
     const int64_t channels = weight.shape().empty() ? 1 : weight.shape()[0];
     const auto scale = bn_scale(sources[1], sources[2], eps, channels, name);
-    Tensor out = weight.clone();
+    Tensor out(DType::Float32, weight.shape());  // written once, straight from the (often mapped) source
     const int64_t per_channel = channels ? weight.numel() / channels : 0;
+    const float* in = weight.data<float>();
     float* data = out.mutable_data<float>();
-    for (int64_t c = 0; c < channels; ++c)
-      for (int64_t i = 0; i < per_channel; ++i)
-        data[c * per_channel + i] = static_cast<float>(data[c * per_channel + i] * scale[static_cast<size_t>(c)]);
+    const auto fold = [&](int64_t first, int64_t last) {
+      for (int64_t c = first; c < last; ++c) {
+        const double channel_scale = scale[static_cast<size_t>(c)];
+        for (int64_t i = c * per_channel; i < (c + 1) * per_channel; ++i)
+          data[i] = static_cast<float>(in[i] * channel_scale);
+      }
+    };
+    // Large weights are split over the cores: most of the cost is the first touch of the output's fresh pages.
+    const auto workers = static_cast<int64_t>(
+        std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, weight.numel() >= (int64_t{1} << 18) ? 8 : 1));
+    std::vector<std::thread> helpers;
+    for (int64_t w = 1; w < workers; ++w)
+      helpers.emplace_back(fold, channels * w / workers, channels * (w + 1) / workers);
+    fold(0, channels / workers);
+    for (std::thread& helper : helpers) helper.join();
     return out;
   }
   if (transform.kind == "bn_fold_bias") {

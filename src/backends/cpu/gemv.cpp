@@ -763,8 +763,8 @@ QuantizedWeight quantize_int8(const std::byte* weight, Elem elem, int64_t n, int
   q.k = k;
   q.group = group;
   const int64_t groups = (k + group - 1) / group;
-  q.values = AlignedBuffer(static_cast<size_t>(n * k));
-  q.scales = AlignedBuffer(static_cast<size_t>(n * groups) * sizeof(float));
+  q.values = AlignedBuffer(static_cast<size_t>(n * k), Pages::Huge);  // streamed once per decoded token
+  q.scales = AlignedBuffer(static_cast<size_t>(n * groups) * sizeof(float), Pages::Huge);
   auto* values = reinterpret_cast<int8_t*>(q.values.data());
   auto* scales = reinterpret_cast<float*>(q.scales.data());
   const bool avx2 = gemv_isa() != GemvIsa::Portable;

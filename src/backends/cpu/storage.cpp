@@ -349,11 +349,11 @@ Tensor storage_to_tensor(const std::byte* src, Elem elem, const Shape& shape) {
   return out;
 }
 
-AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
+AlignedBuffer::AlignedBuffer(size_t bytes, Pages pages) : size_(bytes) {
   if (bytes > physical_memory_bytes())
     fail("cpu backend: cannot allocate " + std::to_string(bytes) + " bytes, more than this machine's " +
          std::to_string(physical_memory_bytes()) + " bytes of memory");
-  data_ = allocate_zeroed(bytes, "a cpu backend buffer");
+  data_ = allocate_zeroed(bytes, "a cpu backend buffer", pages);
 }
 
 }  // namespace npusim::cpu

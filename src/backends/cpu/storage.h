@@ -70,7 +70,7 @@ class AlignedBuffer {
  public:
   static constexpr size_t kAlignment = 64;
   AlignedBuffer() = default;
-  explicit AlignedBuffer(size_t bytes);
+  explicit AlignedBuffer(size_t bytes, Pages pages = Pages::Small);
   std::byte* data() const { return data_.get(); }
   size_t size() const { return size_; }
 
