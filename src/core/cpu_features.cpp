@@ -49,6 +49,7 @@ CpuFeatures detect() {
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512bf16 = f.avx512f && cpuid_bit(7, 1, kEax, 5);  // the OS state is that of avx512f
   f.amx = amx_usable();
+  f.amd = __builtin_cpu_is("amd");
   return f;
 }
 #else

@@ -14,6 +14,7 @@ struct CpuFeatures {
   bool avx512vl = false;
   bool avx512bf16 = false;  // vdpbf16ps
   bool amx = false;         // AMX tiles present and enabled by the OS
+  bool amd = false;         // an AMD CPU (Zen 4 runs each 512-bit FMA as two 256-bit halves)
 
   bool avx2_fma_f16c() const { return avx2 && fma && f16c; }
   // The AVX-512 subset the kernels use (F, BW, VL), on top of AVX2.

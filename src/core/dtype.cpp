@@ -7,31 +7,45 @@ namespace npusim {
 size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::Float64:
-    case DType::Int64: return 8;
+    case DType::Int64:
+      return 8;
     case DType::Float32:
-    case DType::Int32: return 4;
+    case DType::Int32:
+      return 4;
     case DType::Float16:
     case DType::BFloat16:
-    case DType::Int16: return 2;
+    case DType::Int16:
+      return 2;
     case DType::Int8:
     case DType::UInt8:
-    case DType::Bool: return 1;
+    case DType::Bool:
+      return 1;
   }
   return 1;
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::Float32: return "float32";
-    case DType::Float64: return "float64";
-    case DType::Float16: return "float16";
-    case DType::BFloat16: return "bfloat16";
-    case DType::Int8: return "int8";
-    case DType::Int16: return "int16";
-    case DType::Int32: return "int32";
-    case DType::Int64: return "int64";
-    case DType::UInt8: return "uint8";
-    case DType::Bool: return "bool";
+    case DType::Float32:
+      return "float32";
+    case DType::Float64:
+      return "float64";
+    case DType::Float16:
+      return "float16";
+    case DType::BFloat16:
+      return "bfloat16";
+    case DType::Int8:
+      return "int8";
+    case DType::Int16:
+      return "int16";
+    case DType::Int32:
+      return "int32";
+    case DType::Int64:
+      return "int64";
+    case DType::UInt8:
+      return "uint8";
+    case DType::Bool:
+      return "bool";
   }
   return "unknown";
 }
@@ -43,14 +57,14 @@ std::optional<DType> parse_dtype(std::string_view text) {
     DType dtype;
   };
   static constexpr Entry kEntries[] = {
-      {"float32", DType::Float32}, {"float", DType::Float32},    {"F32", DType::Float32},
-      {"float64", DType::Float64}, {"double", DType::Float64},   {"F64", DType::Float64},
-      {"float16", DType::Float16}, {"half", DType::Float16},     {"F16", DType::Float16},
-      {"bfloat16", DType::BFloat16}, {"BF16", DType::BFloat16}, {"int8", DType::Int8},
-      {"I8", DType::Int8},         {"int16", DType::Int16},      {"I16", DType::Int16},
-      {"int32", DType::Int32},     {"int", DType::Int32},        {"I32", DType::Int32},
-      {"int64", DType::Int64},     {"long", DType::Int64},       {"I64", DType::Int64},
-      {"uint8", DType::UInt8},     {"U8", DType::UInt8},         {"bool", DType::Bool},
+      {"float32", DType::Float32},   {"float", DType::Float32},  {"F32", DType::Float32},
+      {"float64", DType::Float64},   {"double", DType::Float64}, {"F64", DType::Float64},
+      {"float16", DType::Float16},   {"half", DType::Float16},   {"F16", DType::Float16},
+      {"bfloat16", DType::BFloat16}, {"BF16", DType::BFloat16},  {"int8", DType::Int8},
+      {"I8", DType::Int8},           {"int16", DType::Int16},    {"I16", DType::Int16},
+      {"int32", DType::Int32},       {"int", DType::Int32},      {"I32", DType::Int32},
+      {"int64", DType::Int64},       {"long", DType::Int64},     {"I64", DType::Int64},
+      {"uint8", DType::UInt8},       {"U8", DType::UInt8},       {"bool", DType::Bool},
       {"BOOL", DType::Bool},
   };
   for (const auto& entry : kEntries)
@@ -120,9 +134,9 @@ uint16_t float_to_fp16(float value) {
   std::memcpy(&word, &value, sizeof word);
   const uint16_t sign = static_cast<uint16_t>((word >> 16) & 0x8000u);
   const uint32_t abs = word & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow to inf
-  if (abs < 0x38800000u) {  // subnormal half or zero
+  if (abs < 0x38800000u) {                                               // subnormal half or zero
     if (abs < 0x33000000u) return sign;
     const uint32_t exponent = abs >> 23;
     const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;

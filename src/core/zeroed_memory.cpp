@@ -18,6 +18,10 @@ constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kHeapAlignment = 64;
 
 size_t mapped_bytes(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+// Whole 64-byte lines, at least one: the size of a heap block, or of an arena block.
+size_t line_bytes(size_t bytes) {
+  return std::max(kHeapAlignment, (bytes + kHeapAlignment - 1) / kHeapAlignment * kHeapAlignment);
+}
 
 [[noreturn]] void refuse(size_t bytes, const char* what) {
   fail(std::string("cannot allocate ") + std::to_string(bytes) + " bytes for " + what);
@@ -46,7 +50,7 @@ void ZeroedMemoryFree::operator()(std::byte* p) const {
 
 ZeroedMemory allocate_zeroed(size_t bytes, const char* what, Pages pages) {
   if (bytes < kHugePage) {
-    const size_t rounded = std::max(kHeapAlignment, (bytes + kHeapAlignment - 1) / kHeapAlignment * kHeapAlignment);
+    const size_t rounded = line_bytes(bytes);
     auto* memory = static_cast<std::byte*>(std::aligned_alloc(kHeapAlignment, rounded));
     if (!memory) refuse(bytes, what);
     std::memset(memory, 0, rounded);
@@ -62,7 +66,7 @@ std::byte* ZeroedArena::allocate(size_t bytes, const char* what) {
   // Chunks of 32 MiB: a ResNet-50's packed weights take a handful; pages of a chunk that no block reaches are never
   // touched, so they cost address space only.
   constexpr size_t kChunk = size_t{32} << 20;
-  const size_t rounded = std::max(kHeapAlignment, (bytes + kHeapAlignment - 1) / kHeapAlignment * kHeapAlignment);
+  const size_t rounded = line_bytes(bytes);
   const std::lock_guard lock(mutex_);
   if (rounded > free_) {
     // No huge-page advice yet. First touches of huge pages measured 11 ms per 100 MB here when the kernel had them

@@ -243,28 +243,47 @@ TEST(ConvKernels, EveryMicroKernelMatchesReference) {
   set_gemm_kernel_choice(GemmKernelChoice::Best);
 }
 
+// A 3x3 convolution with bias for the Winograd tests: seeded operands (seeds `seed` .. seed + 3) and the
+// reference's output, bias included.
+struct WinogradShape {
+  int64_t cin, cout, height, width, pad;
+};
+struct WinogradOperands {
+  Tensor x, w, bias, residual, expected;
+  WinogradConv::Geometry g;
+  int64_t pixels;
+  std::string label;
+};
+WinogradOperands winograd_operands(const WinogradShape& c, uint64_t seed) {
+  WinogradOperands o;
+  o.label = "cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " " + std::to_string(c.height) + "x" +
+            std::to_string(c.width) + " pad " + std::to_string(c.pad);
+  o.x = random_tensor({1, c.cin, c.height, c.width}, seed);
+  o.w = random_tensor({c.cout, c.cin, 3, 3}, seed + 1);
+  o.bias = random_tensor({c.cout}, seed + 2);
+  Attrs attrs;
+  attrs.set("padding", std::vector<int64_t>{c.pad});
+  o.expected = reference("conv2d", normalized("conv2d", attrs), {o.x, o.w, o.bias});
+  const int64_t out_h = o.expected.shape()[2], out_w = o.expected.shape()[3];
+  o.pixels = out_h * out_w;
+  o.residual = random_tensor(o.expected.shape(), seed + 3);
+  o.g = WinogradConv::Geometry{c.cin, c.cout, c.height, c.width, c.pad, c.pad, out_h, out_w};
+  return o;
+}
+
 TEST(ConvKernels, WinogradMatchesReference) {
-  struct Case {
-    int64_t cin, cout, height, width, pad;
-  };
-  const std::vector<Case> cases = {{16, 16, 7, 7, 1},   {16, 24, 14, 14, 1}, {17, 19, 13, 11, 1}, {32, 16, 9, 23, 0},
-                                   {16, 33, 30, 17, 2}, {24, 16, 5, 6, 1},   {64, 64, 28, 28, 1}};
-  for (const Case& c : cases)
+  const std::vector<WinogradShape> cases = {{16, 16, 7, 7, 1},  {16, 24, 14, 14, 1}, {17, 19, 13, 11, 1},
+                                            {32, 16, 9, 23, 0}, {16, 33, 30, 17, 2}, {24, 16, 5, 6, 1},
+                                            {64, 64, 28, 28, 1}};
+  for (const WinogradShape& c : cases)
     for (int threads : {1, 2})
       for (int variant = 0; variant < 4; ++variant) {
-        const std::string label = "cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " " +
-                                  std::to_string(c.height) + "x" + std::to_string(c.width) + " pad " +
-                                  std::to_string(c.pad) + " variant " + std::to_string(variant);
-        const Tensor x = random_tensor({1, c.cin, c.height, c.width}, 11);
-        const Tensor w = random_tensor({c.cout, c.cin, 3, 3}, 12);
-        const Tensor bias = random_tensor({c.cout}, 13);
-        Attrs attrs;
-        attrs.set("padding", std::vector<int64_t>{c.pad});
-        attrs = normalized("conv2d", attrs);
-        Tensor expected = reference("conv2d", attrs, {x, w, bias});
-        const int64_t out_h = expected.shape()[2], out_w = expected.shape()[3], pixels = out_h * out_w;
-        const Tensor residual = random_tensor(expected.shape(), 14);
-        const WinogradConv::Geometry g{c.cin, c.cout, c.height, c.width, c.pad, c.pad, out_h, out_w};
+        WinogradOperands o = winograd_operands(c, 11);
+        const std::string label = o.label + " variant " + std::to_string(variant);
+        const Tensor &x = o.x, &w = o.w, &bias = o.bias, &residual = o.residual;
+        Tensor& expected = o.expected;
+        const WinogradConv::Geometry& g = o.g;
+        const int64_t pixels = o.pixels;
         ASSERT_TRUE(WinogradConv::suitable(g)) << label;
         ThreadPool pool(threads);
         ScratchSpace scratch;
@@ -347,28 +366,18 @@ TEST(ConvKernels, WinogradWeightsTransformedInParallelMatch) {
 // split of the input rows, the 1-D passes and the interleaving of the output rows), for F(4x4) and F(2x2), with
 // bias, residual and ReLU; every element against the reference, the output prefilled with NaN.
 TEST(ConvKernels, WinogradWideImagesMatchReference) {
-  struct Case {
-    int64_t cin, cout, height, width, pad;
-  };
-  for (const Case& c :
-       {Case{16, 20, 70, 70, 1}, Case{16, 24, 4, 35, 1}, Case{17, 16, 9, 67, 2}, Case{16, 16, 3, 45, 0}})
+  for (const WinogradShape& c : {WinogradShape{16, 20, 70, 70, 1}, WinogradShape{16, 24, 4, 35, 1},
+                                 WinogradShape{17, 16, 9, 67, 2}, WinogradShape{16, 16, 3, 45, 0}})
     for (int threads : {1, 2}) {
-      const std::string label = "cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " " +
-                                std::to_string(c.height) + "x" + std::to_string(c.width) + " pad " +
-                                std::to_string(c.pad) + " threads " + std::to_string(threads);
-      const Tensor x = random_tensor({1, c.cin, c.height, c.width}, 31);
-      const Tensor w = random_tensor({c.cout, c.cin, 3, 3}, 32);
-      const Tensor bias = random_tensor({c.cout}, 33);
-      Attrs attrs;
-      attrs.set("padding", std::vector<int64_t>{c.pad});
-      attrs = normalized("conv2d", attrs);
-      Tensor expected = reference("conv2d", attrs, {x, w, bias});
-      const int64_t out_h = expected.shape()[2], out_w = expected.shape()[3], pixels = out_h * out_w;
-      const Tensor residual = random_tensor(expected.shape(), 34);
+      WinogradOperands o = winograd_operands(c, 31);
+      const std::string label = o.label + " threads " + std::to_string(threads);
+      const Tensor &x = o.x, &w = o.w, &bias = o.bias, &residual = o.residual;
+      Tensor& expected = o.expected;
+      const WinogradConv::Geometry& g = o.g;
+      const int64_t pixels = o.pixels;
       const double scale = max_abs(expected);
       float* e = expected.mutable_data<float>();
       for (int64_t i = 0; i < expected.numel(); ++i) e[i] = std::max(e[i] + residual.data<float>()[i], 0.0f);
-      const WinogradConv::Geometry g{c.cin, c.cout, c.height, c.width, c.pad, c.pad, out_h, out_w};
       ASSERT_TRUE(WinogradConv::suitable(g)) << label;
       ThreadPool pool(threads);
       ScratchSpace scratch;

@@ -313,6 +313,19 @@ INSTANTIATE_TEST_SUITE_P(Kernels, PackedGemmTest,
                            }
                          });
 
+// C [m, n] (NaN-filled first) of a prepacked fp32 A [m, k] times the patch matrix of `s`, gathered while packing.
+std::vector<float> prepacked_times_patches(const std::vector<std::byte>& a_bytes, int64_t m, int64_t k,
+                                           const Im2colOperand& s, ThreadPool& pool) {
+  const int64_t n = s.out_h * s.out_w;
+  ScratchSpace scratch;
+  PackedGemm gemm({.m = m, .n = n, .k = k, .a_prepacked = true}, scratch);
+  scratch.allocate(pool.size());
+  const PackedMatrix packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), Elem::F32, m, k);
+  std::vector<float> c(static_cast<size_t>(m * n), kNaN);
+  gemm.run(&packed, s, {reinterpret_cast<std::byte*>(c.data()), Elem::F32, n}, {}, pool, scratch);
+  return c;
+}
+
 // The B operand gathered from a convolution input equals the explicit patch matrix.
 TEST(PackedGemm, Im2colOperandMatchesExplicitPatches) {
   struct Geometry {
@@ -343,12 +356,7 @@ TEST(PackedGemm, Im2colOperandMatchesExplicitPatches) {
     for (int threads : {1, 2}) {
       set_gemm_kernel_choice(threads == 1 ? GemmKernelChoice::Portable : GemmKernelChoice::Best);
       ThreadPool pool(threads);
-      ScratchSpace scratch;
-      PackedGemm gemm({.m = m, .n = n, .k = k, .a_prepacked = true}, scratch);
-      scratch.allocate(pool.size());
-      const PackedMatrix packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), Elem::F32, m, k);
-      std::vector<float> c(static_cast<size_t>(m * n), kNaN);
-      gemm.run(&packed, s, {reinterpret_cast<std::byte*>(c.data()), Elem::F32, n}, {}, pool, scratch);
+      const std::vector<float> c = prepacked_times_patches(a_bytes, m, k, s, pool);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) {
           double sum = 0.0;
@@ -377,12 +385,7 @@ TEST(PackedGemm, Im2colOperandWithWideKernels) {
     for (GemmKernelChoice kernel : {GemmKernelChoice::Portable, GemmKernelChoice::Best}) {
       set_gemm_kernel_choice(kernel);
       ThreadPool pool(2);
-      ScratchSpace scratch;
-      PackedGemm gemm({.m = m, .n = n, .k = k, .a_prepacked = true}, scratch);
-      scratch.allocate(pool.size());
-      const PackedMatrix packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), Elem::F32, m, k);
-      std::vector<float> c(static_cast<size_t>(m * n), kNaN);
-      gemm.run(&packed, s, {reinterpret_cast<std::byte*>(c.data()), Elem::F32, n}, {}, pool, scratch);
+      const std::vector<float> c = prepacked_times_patches(a_bytes, m, k, s, pool);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t oy = 0; oy < s.out_h; ++oy)
           for (int64_t ox = 0; ox < s.out_w; ++ox) {

@@ -322,6 +322,7 @@ class CpuPreparedProgram final : public PreparedProgram {
       }
       kernels_.push_back(std::move(prepared));
     }
+    packed_weights_->advise_huge_pages();  // written now: the kernel may merge their pages in the background
   }
 
   // ---- state kept between runs (see PreparedProgram::bind_state) ----
@@ -460,7 +461,6 @@ class CpuPreparedProgram final : public PreparedProgram {
 
   // Adds the time since `start` (a prepare, or a rebuild for bound state) to this program's prepare cost.
   void count_prepare_cost(std::chrono::steady_clock::time_point start) {
-    packed_weights_->advise_huge_pages();
     prepare_cost_.milliseconds +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     prepare_cost_.packed_bytes = static_cast<int64_t>(packed_weights_->used_bytes());

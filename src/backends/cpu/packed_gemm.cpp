@@ -177,12 +177,7 @@ bool use_avx2() { return active_kernel() != GemmKernelChoice::Portable; }
 // 6x32 AVX-512 one on every ResNet product (the 7x7 stem's 64 x 12544 x 147: 82 against 72 GFLOP/s; N=49: 95
 // against 88), and ResNet-50 ran 3% faster. Half-precision panels keep the AVX-512 tiles (their conversions gain).
 bool fp32_prefers_avx2() {
-#ifdef NPUSIM_GEMM_X86
-  static const bool amd = __builtin_cpu_is("amd");
-  return amd && g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best;
-#else
-  return false;
-#endif
+  return cpu_features().amd && g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best;
 }
 
 // The micro-kernel for B panels of `b_elem`; `narrow` when only the first half of the panel's columns count.
