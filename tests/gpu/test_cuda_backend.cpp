@@ -297,6 +297,81 @@ TEST(CudaFusion, DecodeGemvsFuseIntoFewLaunchesAndMatchTheReference) {
   }
 }
 
+// A decoder layer's rotary embeddings and KV-cache writes: rope(q), rope(k) into the key cache, v into the value
+// cache, all in place on state, as one launch.
+Built rope_cache_block(DType storage) {
+  Built b;
+  b.graph.source = "rope cache block";
+  uint64_t seed = 1;
+  auto input = [&](const std::string& name, const Operand& operand) {
+    return add_operand(b, name, operand, seed++, storage);
+  };
+  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
+    std::vector<TensorMeta> metas;
+    for (ValueId id : inputs) metas.push_back(b.graph.value(id).meta);
+    const OpDef* def = OpRegistry::instance().find(op);
+    OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
+    Node made = compiler::make_node(b.graph, op, name, a, inputs, def->infer(a, metas), {name});
+    const ValueId out = made.outputs[0];
+    b.graph.nodes.push_back(std::move(made));
+    return out;
+  };
+  const ValueId q = input("q", f({1, 4, 1, 10})), k = input("k", f({1, 2, 1, 10})), v = input("v", f({1, 2, 1, 6}));
+  const ValueId cos = input("cos", f({1, 1, 1, 10})), sin = input("sin", f({1, 1, 1, 10}));
+  const ValueId position = input("position", ints({1}, 0, 13));
+  const ValueId cache_k = input("cache_k", f({1, 2, 13, 10})), cache_v = input("cache_v", f({1, 2, 13, 6}));
+  const ValueId q_rotated = node("rope", "q_rotated", {q, cos, sin});
+  const ValueId k_rotated = node("rope", "k_rotated", {k, cos, sin});
+  const ValueId new_k = node("index_copy", "new_k", {cache_k, position, k_rotated}, attrs({{"dim", I(2)}}));
+  const ValueId new_v = node("index_copy", "new_v", {cache_v, position, v}, attrs({{"dim", I(-2)}}));
+  b.graph.outputs = {q_rotated, new_k, new_v};
+  compiler::renumber_producers(b.graph);
+  return b;
+}
+
+TEST(CudaFusion, RopeAndCacheWritesRunAsOneLaunchAndMatchTheReference) {
+  const std::vector<std::pair<std::string, std::string>> pairs{{"cache_k", "new_k"}, {"cache_v", "new_v"}};
+  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    for (const bool fuse : {true, false}) {
+      const std::string what = std::string(dtype_name(storage)) + (fuse ? " fused" : " unfused");
+      SCOPED_TRACE(what);
+      Built b = rope_cache_block(storage);
+      cuda::CudaBackend backend({.poison_memory = true, .fuse_kernels = fuse});
+      const auto prepared = backend.prepare_with_state(program_for(b.graph, storage), b.weights, pairs);
+      EXPECT_EQ(prepared->last_timings().size(), fuse ? 1u : 4u);
+      std::map<std::string, Tensor> cache{{"cache_k", Tensor(DType::Float32, {1, 2, 13, 10})},
+                                          {"cache_v", Tensor(DType::Float32, {1, 2, 13, 6})}};
+      for (const int64_t at : {int64_t{3}, int64_t{12}, int64_t{-13}}) {  // -13 wraps to slot 0
+        std::map<std::string, Tensor> inputs = b.inputs;
+        inputs.erase("cache_k");
+        inputs.erase("cache_v");
+        inputs["position"].mutable_data<int64_t>()[0] = at;
+        std::map<std::string, Tensor> reference_inputs = inputs;
+        reference_inputs.insert(cache.begin(), cache.end());
+        const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(reference_inputs);
+        const NamedTensors actual = prepared->run(inputs);
+        ASSERT_EQ(actual.size(), 1u);  // the caches are state, read below
+        expect_matches(actual[0].second, expected[0].second, storage, what + " q_rotated");
+        expect_matches(prepared->read_state("cache_k"), expected[1].second, storage, what + " key cache");
+        expect_matches(prepared->read_state("cache_v"), expected[2].second, storage, what + " value cache");
+        cache["cache_k"] = expected[1].second;
+        cache["cache_v"] = expected[2].second;
+      }
+      std::map<std::string, Tensor> bad = b.inputs;
+      bad.erase("cache_k");
+      bad.erase("cache_v");
+      bad["position"].mutable_data<int64_t>()[0] = 13;
+      try {
+        prepared->run(bad);
+        ADD_FAILURE() << "a position past the cache must fail";
+      } catch (const Error& error) {
+        EXPECT_NE(std::string(error.what()).find("out of range"), std::string::npos) << error.what();
+        EXPECT_NE(std::string(error.what()).find("'new_"), std::string::npos) << error.what();
+      }
+    }
+  }
+}
+
 // The coverage table (docs/ops.md) reads the kernel list as data; it must name exactly the ops with a kernel.
 TEST(CudaBackend, DeclaredKernelListMatchesTheKernelTable) {
   const std::vector<std::string> kernels = cuda::CudaBackend().capabilities().ops;

@@ -316,8 +316,9 @@ class CudaPreparedProgram final : public PreparedProgram {
       for (size_t n = 0; n < graph_.nodes.size(); ++n) {
         if (fused_away[n]) continue;
         std::string label;
-        if (std::optional<Launch> launch = fuse_decode_gemvs(n, fused_away, label))
-          fused[n].emplace(std::move(*launch), std::move(label));
+        std::optional<Launch> launch = fuse_decode_gemvs(n, fused_away, label);
+        if (!launch) launch = fuse_rope_cache(n, fused_away, label);
+        if (launch) fused[n].emplace(std::move(*launch), std::move(label));
       }
     }
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
@@ -328,9 +329,7 @@ class CudaPreparedProgram final : public PreparedProgram {
         timings_.push_back({node.name, fused[n]->second, 0.0});
         continue;
       }
-      OpContext ctx{node, {}, {}, reinterpret_cast<int*>(flags_.data()) + n};
-      for (ValueId id : node.inputs) ctx.inputs.push_back(value_at(id));
-      for (ValueId id : node.outputs) ctx.outputs.push_back(value_at(id));
+      const OpContext ctx = context_of(n);
       kernels_.push_back(make_kernel(ctx));
       timings_.push_back({node.name, node.op, 0.0});
     }
@@ -519,6 +518,85 @@ class CudaPreparedProgram final : public PreparedProgram {
       check_cuda(
           launch_gemv_batch(stream, k, elem, input.data, segments.data(), static_cast<int>(segments.size()), norm),
           "launch_gemv_batch", node_label(*where_node));
+    };
+  }
+
+  // ---- rotary embeddings and KV-cache writes ----
+  // Consecutive ropes followed by index_copy nodes writing a cache in place run as one launch at the first rope; a
+  // rope whose only reader is one of those writes goes straight into the cache.
+
+  OpContext context_of(size_t n) const {
+    const Node& node = graph_.nodes[n];
+    OpContext ctx{node, {}, {}, reinterpret_cast<int*>(flags_.data()) + n};
+    for (ValueId id : node.inputs) ctx.inputs.push_back(value_at(id));
+    for (ValueId id : node.outputs) ctx.outputs.push_back(value_at(id));
+    return ctx;
+  }
+
+  // Whether `id` is ready before node `first` runs: not written by node `first` or any later one.
+  bool ready_before(ValueId id, size_t first) const {
+    const Value& value = graph_.value(id);
+    return value.kind != ValueKind::NodeOutput || static_cast<size_t>(value.producer) < first;
+  }
+
+  std::optional<Launch> fuse_rope_cache(size_t n, std::vector<bool>& fused_away, std::string& label) const {
+    std::vector<size_t> ropes, writes;
+    for (size_t j = n; j < graph_.nodes.size() && ropes.size() + writes.size() < kRopeCacheMaxJobs; ++j) {
+      const std::string& op = graph_.nodes[j].op;
+      if (op == "rope" && writes.empty())
+        ropes.push_back(j);
+      else if (op == "index_copy" && !ropes.empty())
+        writes.push_back(j);
+      else
+        break;
+    }
+    if (ropes.empty() || writes.empty()) return std::nullopt;
+    RopeCacheBatch batch;
+    std::vector<bool> rope_into_cache(ropes.size(), false);
+    for (const size_t w : writes) {
+      const Node& write = graph_.nodes[w];
+      const std::optional<RopeCacheJob> job = cache_write_job(context_of(w));
+      const auto& readers = consumers_[static_cast<size_t>(write.inputs[0])];
+      if (!job || readers.size() != 1 || state_of_value(write.inputs[2]) || !ready_before(write.inputs[0], n) ||
+          !ready_before(write.inputs[1], n))
+        return std::nullopt;
+      const auto rope = std::find_if(ropes.begin(), ropes.end(),
+                                     [&](size_t r) { return graph_.nodes[r].outputs[0] == write.inputs[2]; });
+      if (rope == ropes.end()) {
+        if (!ready_before(write.inputs[2], n)) return std::nullopt;
+        batch.jobs[batch.count++] = *job;
+        continue;
+      }
+      if (sole_consumer(write.inputs[2]) != w) return std::nullopt;  // the rope's output is read elsewhere too
+      std::optional<RopeCacheJob> rotated = rope_job(context_of(*rope));
+      if (!rotated) return std::nullopt;
+      rotated->kind = RopeCacheKind::RopeToCache;
+      rotated->out = job->out;
+      rotated->out_elem = job->out_elem;
+      rotated->dim_size = job->dim_size;
+      rotated->inner = job->inner;
+      rotated->index_count = job->index_count;
+      rotated->index = job->index;
+      rotated->error = job->error;
+      batch.jobs[batch.count++] = *rotated;
+      rope_into_cache[static_cast<size_t>(rope - ropes.begin())] = true;
+    }
+    for (size_t r = 0; r < ropes.size(); ++r) {
+      const Node& rope = graph_.nodes[ropes[r]];
+      for (ValueId id : rope.inputs)
+        if (!ready_before(id, n)) return std::nullopt;
+      if (rope_into_cache[r]) continue;
+      for (size_t reader : consumers_[static_cast<size_t>(rope.outputs[0])])
+        if (reader <= writes.back()) return std::nullopt;  // read inside the group, before the launch ends
+      const std::optional<RopeCacheJob> job = rope_job(context_of(ropes[r]));
+      if (!job) return std::nullopt;
+      batch.jobs[batch.count++] = *job;
+    }
+    for (size_t j = n + 1; j <= writes.back(); ++j) fused_away[j] = true;
+    label = "rope x" + std::to_string(ropes.size()) + "+index_copy x" + std::to_string(writes.size());
+    const Node* where_node = &graph_.nodes[n];
+    return [where_node, batch](cudaStream_t stream) {
+      check_cuda(launch_rope_cache(stream, batch), "launch_rope_cache", node_label(*where_node));
     };
   }
 

@@ -345,20 +345,13 @@ std::optional<Launch> where_op(const OpContext& ctx) {
 // ---- LLM ops ----
 
 std::optional<Launch> rope_op(const OpContext& ctx) {
-  if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1) return std::nullopt;
-  const DeviceValue out = ctx.outputs[0];
-  const Shape& shape = out.meta.shape;
-  if (shape.empty() || ctx.inputs[0].meta.shape != shape) return std::nullopt;
-  const auto ix = make_indexer(
-      shape, {strides_of(shape), strides_of(shape), ops::broadcast_strides(ctx.inputs[1].meta.shape, shape),
-              ops::broadcast_strides(ctx.inputs[2].meta.shape, shape)});
-  if (!ix) return std::nullopt;
-  return [node = &ctx.node, ix = *ix, out, width = shape.back(), x = operand(ctx.inputs[0]),
-          cos = operand(ctx.inputs[1]), sin = operand(ctx.inputs[2])](cudaStream_t stream) {
-    checked(launch_rope(stream, ix, width, out.data, code(out.elem), x, cos, sin), "launch_rope", *node);
+  const std::optional<RopeCacheJob> job = rope_job(ctx);
+  if (!job) return std::nullopt;
+  return [node = &ctx.node, job = *job](cudaStream_t stream) {
+    checked(launch_rope(stream, job.ix, job.width, job.out, job.out_elem, job.x, job.cos, job.sin), "launch_rope",
+            *node);
   };
 }
-
 double machine_epsilon(DType dtype) {
   switch (dtype) {
     case DType::Float16:
@@ -401,28 +394,44 @@ std::optional<Launch> embedding_op(const OpContext& ctx) {
   };
 }
 
-std::optional<Launch> index_copy_op(const OpContext& ctx) {
+// The geometry of an index_copy as a cache write (source [outer, count, inner] into self [outer, dim_size, inner]),
+// with out, index and source set; nothing when the kernel does not take it.
+std::optional<RopeCacheJob> index_copy_geometry(const OpContext& ctx) {
   if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1) return std::nullopt;
   const DeviceValue self = ctx.inputs[0], index = ctx.inputs[1], source = ctx.inputs[2], out = ctx.outputs[0];
   const Shape& shape = self.meta.shape;
   if (shape.empty() || index.elem != Elem::I64 || index.meta.shape.size() > 1) return std::nullopt;
   const auto dim =
       static_cast<size_t>(ops::normalize_dim(ctx.node.attrs.get_int("dim"), static_cast<int64_t>(shape.size())));
-  int64_t outer = 1, inner = 1;
+  RopeCacheJob job;
+  job.kind = RopeCacheKind::CopyToCache;
+  int64_t outer = 1;
   for (size_t d = 0; d < dim; ++d) outer *= shape[d];
-  for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
-  const int64_t count = index.numel();
-  if (source.numel() != outer * count * inner) return std::nullopt;
-  const Launch copy = copy_whole(ctx.node, self, out);
-  return [node = &ctx.node, copy, outer, dim_size = shape[dim], inner, count, out, source, index,
-          error = ctx.error_flag](cudaStream_t stream) {
+  for (size_t d = dim + 1; d < shape.size(); ++d) job.inner *= shape[d];
+  job.dim_size = shape[dim];
+  job.index_count = index.numel();
+  job.count = outer * job.index_count * job.inner;
+  if (source.numel() != job.count) return std::nullopt;
+  job.out = out.data;
+  job.out_elem = code(out.elem);
+  job.x = operand(source);
+  job.index = reinterpret_cast<const int64_t*>(index.data);
+  job.error = ctx.error_flag;
+  return job;
+}
+
+std::optional<Launch> index_copy_op(const OpContext& ctx) {
+  const std::optional<RopeCacheJob> job = index_copy_geometry(ctx);
+  if (!job) return std::nullopt;
+  const Launch copy = copy_whole(ctx.node, ctx.inputs[0], ctx.outputs[0]);
+  const int64_t slice = job->index_count * job->inner, outer = slice == 0 ? 0 : job->count / slice;
+  return [node = &ctx.node, copy, outer, job = *job](cudaStream_t stream) {
     copy(stream);
-    checked(launch_index_copy(stream, outer, dim_size, inner, count, out.data, code(out.elem), operand(source),
-                              reinterpret_cast<const int64_t*>(index.data), error),
+    checked(launch_index_copy(stream, outer, job.dim_size, job.inner, job.index_count, job.out, job.out_elem, job.x,
+                              job.index, job.error),
             "launch_index_copy", *node);
   };
 }
-
 // self[i0, i1, ...] with index tensors on self's leading dims (no None slots).
 std::optional<Launch> index_op(const OpContext& ctx) {
   if (ctx.outputs.size() != 1 || ctx.inputs.size() < 2 || ctx.inputs.size() > 4) return std::nullopt;
@@ -745,6 +754,34 @@ std::map<std::string, OpFactory> build_table() {
 }
 
 }  // namespace
+
+std::optional<RopeCacheJob> rope_job(const OpContext& ctx) {
+  if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue out = ctx.outputs[0];
+  const Shape& shape = out.meta.shape;
+  if (shape.empty() || ctx.inputs[0].meta.shape != shape) return std::nullopt;
+  const auto ix = make_indexer(
+      shape, {strides_of(shape), strides_of(shape), ops::broadcast_strides(ctx.inputs[1].meta.shape, shape),
+              ops::broadcast_strides(ctx.inputs[2].meta.shape, shape)});
+  if (!ix) return std::nullopt;
+  RopeCacheJob job;
+  job.kind = RopeCacheKind::RopeToOutput;
+  job.count = out.numel();
+  job.ix = *ix;
+  job.width = shape.back();
+  job.out = out.data;
+  job.out_elem = code(out.elem);
+  job.x = operand(ctx.inputs[0]);
+  job.cos = operand(ctx.inputs[1]);
+  job.sin = operand(ctx.inputs[2]);
+  return job;
+}
+
+std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx) {
+  if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1 || ctx.inputs[0].data != ctx.outputs[0].data)
+    return std::nullopt;
+  return index_copy_geometry(ctx);
+}
 
 double rms_norm_eps(const Node& node, DType dtype) {
   return node.attrs.is_none("eps") ? machine_epsilon(dtype) : node.attrs.get_float("eps");

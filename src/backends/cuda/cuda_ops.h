@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/storage.h"
+#include "backends/cuda/device_kernels.h"
 #include "npusim/graph.h"
 
 namespace npusim::cuda {
@@ -41,6 +42,12 @@ using OpFactory = std::function<std::optional<Launch>(const OpContext&)>;
 // Every op with a CUDA kernel.
 const std::map<std::string, OpFactory>& op_table();
 std::vector<std::string> kernel_ops();
+
+// A rope node as one job of a fused rope/KV-cache launch (into its own output), or nothing when the rope kernel
+// does not take it.
+std::optional<RopeCacheJob> rope_job(const OpContext& ctx);
+// An index_copy that updates its first input in place (a KV cache) as one job of that launch, or nothing.
+std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx);
 
 // The epsilon of an rms_norm node: its `eps`, or the machine epsilon of its output dtype when none is given.
 double rms_norm_eps(const Node& node, DType dtype);

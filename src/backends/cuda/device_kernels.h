@@ -68,6 +68,30 @@ cudaError_t launch_embedding(cudaStream_t stream, int64_t count, int64_t vocab, 
 cudaError_t launch_index_copy(cudaStream_t stream, int64_t outer, int64_t dim_size, int64_t inner, int64_t index_count,
                               void* out, int out_elem, Operand source, const int64_t* index, int* error);
 
+// A decoder layer's rotary embeddings and KV-cache writes in one launch (decode fusion), each a job over its own
+// elements: a rope into its output, a rope straight into a cache slot, or a copy of a source into a cache slot.
+// Cache slots follow index_copy: element i of the [outer, index_count, inner] source goes to slice index[j] of the
+// [outer, dim_size, inner] cache; an index out of range sets *error.
+enum class RopeCacheKind : int { RopeToOutput, RopeToCache, CopyToCache };
+struct RopeCacheJob {
+  RopeCacheKind kind = RopeCacheKind::RopeToOutput;
+  int64_t count = 0;
+  Indexer ix;         // ropes: operand 0 the output, 1..3 x, cos, sin (as launch_rope)
+  int64_t width = 0;  // ropes: the rotated last dim
+  void* out = nullptr;
+  int out_elem = kF32;
+  Operand x, cos, sin;  // a copy reads x contiguously
+  int64_t dim_size = 0, inner = 1, index_count = 0;
+  const int64_t* index = nullptr;
+  int* error = nullptr;
+};
+constexpr int kRopeCacheMaxJobs = 4;
+struct RopeCacheBatch {
+  RopeCacheJob jobs[kRopeCacheMaxJobs];
+  int count = 0;
+};
+cudaError_t launch_rope_cache(cudaStream_t stream, const RopeCacheBatch& batch);
+
 // self[index0, index1, ...] over self's leading dims: the index tensors (int64) broadcast over `broadcast`
 // (operands 1..count of the indexer hold their strides), then `inner` trailing elements per position. An index out
 // of range sets *error to 1.

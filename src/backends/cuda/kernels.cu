@@ -308,19 +308,59 @@ __global__ void where_kernel(Indexer ix, int64_t n, void* out, int out_elem, Ope
 
 // ---- LLM ops ----
 
+// out = x * cos + rotate_half(x) * sin at element i of the indexer (operands: out, x, cos, sin); x is contiguous in
+// its last dim. Leaves the output offset in o[0].
+__device__ __forceinline__ float rope_element(const Indexer& ix, int64_t i, int64_t width, Operand x, Operand cos,
+                                              Operand sin, int64_t (&o)[4]) {
+  const int64_t half = width / 2;
+  offsets_of<4>(ix, i, o);
+  const int64_t column = i % width;
+  const float value = load_f(x.data, x.elem, o[1]);
+  const float rotated = column < half ? -load_f(x.data, x.elem, o[1] + half) : load_f(x.data, x.elem, o[1] - half);
+  const float direct = __fmul_rn(value, load_f(cos.data, cos.elem, o[2]));
+  const float turned = __fmul_rn(rotated, load_f(sin.data, sin.elem, o[3]));
+  return __fadd_rn(direct, turned);
+}
+
 __global__ void rope_kernel(Indexer ix, int64_t n, int64_t width, void* out, int out_elem, Operand x, Operand cos,
                             Operand sin) {
-  const int64_t half = width / 2;
   GRID_STRIDE(i, n) {
     int64_t o[4];
-    offsets_of<4>(ix, i, o);
-    const int64_t column = i % width;
-    const float value = load_f(x.data, x.elem, o[1]);
-    // x is contiguous in its last dim
-    const float rotated = column < half ? -load_f(x.data, x.elem, o[1] + half) : load_f(x.data, x.elem, o[1] - half);
-    const float direct = __fmul_rn(value, load_f(cos.data, cos.elem, o[2]));
-    const float turned = __fmul_rn(rotated, load_f(sin.data, sin.elem, o[3]));
-    store_f(out, out_elem, o[0], __fadd_rn(direct, turned));
+    const float value = rope_element(ix, i, width, x, cos, sin, o);
+    store_f(out, out_elem, o[0], value);
+  }
+}
+
+// Where element i of an index_copy's source lands in the cache, or -1 (and *error set) for an index out of range.
+__device__ __forceinline__ int64_t cache_slot(int64_t i, int64_t dim_size, int64_t inner, int64_t index_count,
+                                              const int64_t* index, int* error) {
+  const int64_t e = i % inner, j = (i / inner) % index_count, outer = i / (inner * index_count);
+  int64_t target = index[j];
+  if (target < 0) target += dim_size;
+  if (target < 0 || target >= dim_size) {
+    *error = 1;
+    return -1;
+  }
+  return (outer * dim_size + target) * inner + e;
+}
+
+__global__ void rope_cache_kernel(RopeCacheBatch batch) {
+  const RopeCacheJob& job = batch.jobs[blockIdx.y];
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < job.count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (job.kind == RopeCacheKind::CopyToCache) {
+      const int64_t slot = cache_slot(i, job.dim_size, job.inner, job.index_count, job.index, job.error);
+      if (slot >= 0) convert_element(job.out, job.out_elem, slot, job.x.data, job.x.elem, i);
+      continue;
+    }
+    int64_t o[4];
+    const float value = rope_element(job.ix, i, job.width, job.x, job.cos, job.sin, o);
+    if (job.kind == RopeCacheKind::RopeToOutput) {
+      store_f(job.out, job.out_elem, o[0], value);
+    } else if (const int64_t slot = cache_slot(i, job.dim_size, job.inner, job.index_count, job.index, job.error);
+               slot >= 0) {
+      store_f(job.out, job.out_elem, slot, value);
+    }
   }
 }
 
@@ -384,14 +424,8 @@ __global__ void embedding_kernel(int64_t n, int64_t vocab, int64_t width, void* 
 __global__ void index_copy_kernel(int64_t n, int64_t dim_size, int64_t inner, int64_t index_count, void* out,
                                   int out_elem, Operand source, const int64_t* index, int* error) {
   GRID_STRIDE(i, n) {
-    const int64_t e = i % inner, j = (i / inner) % index_count, outer = i / (inner * index_count);
-    int64_t target = index[j];
-    if (target < 0) target += dim_size;
-    if (target < 0 || target >= dim_size) {
-      *error = 1;
-      continue;
-    }
-    convert_element(out, out_elem, (outer * dim_size + target) * inner + e, source.data, source.elem, i);
+    const int64_t slot = cache_slot(i, dim_size, inner, index_count, index, error);
+    if (slot >= 0) convert_element(out, out_elem, slot, source.data, source.elem, i);
   }
 }
 
@@ -1147,6 +1181,15 @@ cudaError_t launch_rope(cudaStream_t stream, const Indexer& index, int64_t width
                         Operand cos, Operand sin) {
   const int64_t n = indexer_count(index);
   if (n > 0) rope_kernel<<<blocks_for(n), kThreads, 0, stream>>>(index, n, width, out, out_elem, x, cos, sin);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_rope_cache(cudaStream_t stream, const RopeCacheBatch& batch) {
+  if (batch.count < 1 || batch.count > kRopeCacheMaxJobs) return cudaErrorInvalidValue;
+  int64_t most = 0;
+  for (int j = 0; j < batch.count; ++j) most = std::max(most, batch.jobs[j].count);
+  if (most > 0)
+    rope_cache_kernel<<<dim3(blocks_for(most), static_cast<unsigned>(batch.count)), kThreads, 0, stream>>>(batch);
   return cudaGetLastError();
 }
 
