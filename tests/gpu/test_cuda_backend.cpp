@@ -184,6 +184,12 @@ std::vector<Case> nn_cases() {
                        "split key and value heads differ"));
   cases.push_back(make("attention", {f({1, 4, 1, 16}), f({1, 2, 12000, 16}), f({1, 2, 12000, 16})}, {},
                        "split longer than shared memory"));
+  // Ten query heads per key/value head (two blocks of them), a mask per head, 201 of 300 keys attended.
+  cases.push_back(make(
+      "attention", {f({1, 20, 1, 16}), f({1, 2, 300, 16}), f({1, 2, 300, 16}), f({1, 20, 1, 300}), ints({1}, 200, 201)},
+      attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "decode heads over two blocks"));
+  cases.push_back(make("attention", {f({1, 6, 1, 32}), f({1, 2, 160, 32}), f({1, 2, 160, 32}), ints({1}, 20, 21)},
+                       attrs({{"has_cache_position", B(true)}}), "decode one run"));
   cases.push_back(make("attention", {f({2, 3, 40, 16}), f({2, 3, 200, 16}), f({2, 3, 200, 16})}, {}, "long rows"));
   cases.push_back(make("rotary_embedding", {w({4}), ints({2, 7}, 0, 4096)}, attrs({{"attention_scaling", F(0.75)}})));
   return cases;

@@ -533,9 +533,12 @@ std::optional<Launch> attention_op(const OpContext& ctx) {
   }
   if (next != ctx.inputs.size()) return std::nullopt;
   std::shared_ptr<DeviceBuffer> scratch;
-  if (const int64_t floats = attention_scratch_floats(p); floats > 0)
+  if (const int64_t floats = attention_scratch_floats(p); floats > 0) {
     scratch = std::make_shared<DeviceBuffer>(static_cast<size_t>(floats) * sizeof(float),
                                              where(ctx.node) + ": attention partials");
+    // The decode kernel's counters (at the end) start at zero; its last block of each head group resets its own.
+    NPUSIM_CUDA_CHECK(cudaMemset(scratch->data(), 0, scratch->size()), where(ctx.node));
+  }
   return [node = &ctx.node, p, out, q, k, v, scratch](cudaStream_t stream) {
     checked(launch_attention(stream, p, out.data, code(out.elem), operand(q), operand(k), operand(v),
                              scratch ? reinterpret_cast<float*>(scratch->data()) : nullptr),

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <utility>
 
+#include "backends/cuda/device_common.cuh"
 #include "backends/cuda/device_kernels.h"
 
 namespace npusim::cuda {
@@ -15,102 +16,6 @@ namespace npusim::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Programmatic dependent launch (sm_90): a kernel launched with the attribute may start while the kernel before it
-// in the stream finishes; it must wait for that kernel before reading what it writes. Without the attribute both
-// are no-ops.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-__device__ __forceinline__ void wait_for_producer() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ bool is_float_code(int elem) { return elem <= kBF16; }
-
-__device__ __forceinline__ float load_f(const void* p, int elem, int64_t i) {
-  switch (elem) {
-    case kF32:
-      return static_cast<const float*>(p)[i];
-    case kF16:
-      return __half2float(static_cast<const __half*>(p)[i]);
-    case kBF16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case kI64:
-      return static_cast<float>(static_cast<const long long*>(p)[i]);
-    default:
-      return static_cast<const uint8_t*>(p)[i] ? 1.0f : 0.0f;
-  }
-}
-
-// Float to int64 without undefined behaviour: NaN is 0, out-of-range values saturate (as the CPU backend does).
-__device__ __forceinline__ long long float_to_int64(float value) {
-  if (isnan(value)) return 0;
-  if (value >= 9.2233720368547758e18f) return LLONG_MAX;
-  if (value <= -9.2233720368547758e18f) return LLONG_MIN;
-  return static_cast<long long>(value);
-}
-
-__device__ __forceinline__ long long load_i(const void* p, int elem, int64_t i) {
-  switch (elem) {
-    case kI64:
-      return static_cast<const long long*>(p)[i];
-    case kBool:
-      return static_cast<const uint8_t*>(p)[i] ? 1 : 0;
-    default:
-      return float_to_int64(load_f(p, elem, i));
-  }
-}
-
-__device__ __forceinline__ void store_f(void* p, int elem, int64_t i, float v) {
-  switch (elem) {
-    case kF32:
-      static_cast<float*>(p)[i] = v;
-      break;
-    case kF16:
-      static_cast<__half*>(p)[i] = __float2half_rn(v);
-      break;
-    case kBF16:
-      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-      break;
-    case kI64:
-      static_cast<long long*>(p)[i] = float_to_int64(v);
-      break;
-    default:
-      static_cast<uint8_t*>(p)[i] = v != 0.0f ? 1 : 0;
-      break;
-  }
-}
-
-__device__ __forceinline__ void store_i(void* p, int elem, int64_t i, long long v) {
-  switch (elem) {
-    case kI64:
-      static_cast<long long*>(p)[i] = v;
-      break;
-    case kBool:
-      static_cast<uint8_t*>(p)[i] = v != 0 ? 1 : 0;
-      break;
-    default:
-      store_f(p, elem, i, static_cast<float>(v));
-      break;
-  }
-}
-
-// One element converted between any two element types (floats via fp32, integers exactly).
-__device__ __forceinline__ void convert_element(void* dst, int dst_elem, int64_t di, const void* src, int src_elem,
-                                                int64_t si) {
-  if (is_float_code(dst_elem) && is_float_code(src_elem)) {
-    store_f(dst, dst_elem, di, load_f(src, src_elem, si));
-  } else if (dst_elem == kBool && is_float_code(src_elem)) {
-    static_cast<uint8_t*>(dst)[di] = load_f(src, src_elem, si) != 0.0f ? 1 : 0;
-  } else {
-    store_i(dst, dst_elem, di, load_i(src, src_elem, si));
-  }
-}
 
 // Element offsets of the first `operands` operands for linear index i of the indexer's shape.
 template <int Operands>
@@ -345,6 +250,8 @@ __device__ __forceinline__ int64_t cache_slot(int64_t i, int64_t dim_size, int64
 }
 
 __global__ void rope_cache_kernel(RopeCacheBatch batch) {
+  allow_dependent_launch();
+  wait_for_producer();
   const RopeCacheJob& job = batch.jobs[blockIdx.y];
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < job.count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -362,31 +269,6 @@ __global__ void rope_cache_kernel(RopeCacheBatch batch) {
       store_f(job.out, job.out_elem, slot, value);
     }
   }
-}
-
-// Sum over the block; every thread gets the result. `shared` holds 32 floats.
-__device__ float block_sum(float value, float* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();
-  if (lane == 0) shared[warp] = value;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) / 32;
-  float total = 0.0f;
-  for (int w = 0; w < warps; ++w) total += shared[w];
-  return total;
-}
-
-__device__ float block_max(float value, float* shared) {
-  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  __syncthreads();
-  if (lane == 0) shared[warp] = value;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) / 32;
-  float total = -INFINITY;
-  for (int w = 0; w < warps; ++w) total = fmaxf(total, shared[w]);
-  return total;
 }
 
 __global__ void rms_norm_kernel(int64_t row_size, double eps, void* out, int out_elem, Operand x, Operand weight) {
@@ -609,36 +491,6 @@ __global__ void conv_epilogue_kernel(ConvParams p, int64_t n, void* out, int out
 constexpr int kGemvWarps = 4;
 constexpr int kGemvThreads = kGemvWarps * 32;
 
-template <typename T>
-__device__ __forceinline__ float to_float(T v);
-template <>
-__device__ __forceinline__ float to_float(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float to_float(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float v) {
-  return __float2bfloat16_rn(v);
-}
-
 struct GemvBatch {
   GemvSegment segments[kGemvMaxSegments];
   int64_t first[kGemvMaxSegments + 1];  // task index where each segment starts
@@ -765,389 +617,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_batch_kernel(GemvBatch batc
   static_cast<T*>(out.y)[row] = from_float<T>(result);
 }
 
-// ---- attention: one block per (batch, query head, query row); a warp per key for the scores, a warp per key
-// and a lane per value feature for the weighted sum, the scores in shared memory ----
-
-constexpr int kAttentionWarps = 8;
-constexpr int kAttentionThreads = kAttentionWarps * 32;
-constexpr int64_t kAttentionChunk = 128;               // value features summed per pass: 4 per lane
-constexpr int64_t kAttentionSharedFloats = 12 * 1024;  // 48 KB
-
-// Key positions a query reads: all of them, or 0..max(cache_position) (read on the device, so that a replayed
-// CUDA graph follows the position).
-__device__ int64_t attended_keys(const AttentionParams& p) {
-  if (!p.cache_position || p.cache_position_count == 0) return p.source;
-  int64_t last = p.cache_position[0];
-  for (int64_t j = 1; j < p.cache_position_count; ++j) last = max(last, p.cache_position[j]);
-  return min(max(last + 1, int64_t{0}), p.source);
-}
-
-// What the mask adds to the score of query row `row` against key j: 0 without a mask, -inf where a bool mask is
-// false, else the mask's value.
-__device__ __forceinline__ float mask_term(const AttentionParams& p, int64_t b, int64_t head, int64_t row, int64_t j) {
-  if (!p.mask) return 0.0f;
-  const int64_t at =
-      b * p.mask_batch_stride + head * p.mask_head_stride + row * p.mask_row_stride + j * p.mask_column_stride;
-  if (p.mask_elem == kBool) return static_cast<const uint8_t*>(p.mask)[at] ? 0.0f : -INFINITY;
-  return load_f(p.mask, p.mask_elem, at);
-}
-
-// The score from the dot product and the mask's term: scaled, causal limit and mask applied.
-__device__ __forceinline__ float masked_score(const AttentionParams& p, float dot, float mask, int64_t row, int64_t j) {
-  float s = __fmul_rn(dot, p.scale);
-  if (p.causal && j > row) s = -INFINITY;
-  if (p.mask) s = __fadd_rn(s, mask);
-  return s;
-}
-
-// Scores of keys [begin, end) for one query row, a warp per group of kKeysPerWarp keys (their loads in flight
-// together): scale, causal limit and mask applied, written to scores[j - begin]. Returns this thread's maximum.
-constexpr int kKeysPerWarp = 4;
-
-__device__ float score_keys(const AttentionParams& p, const float* query, Operand k, int64_t k_base, int64_t b,
-                            int64_t head, int64_t row, int64_t begin, int64_t end, float* scores) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float peak = -INFINITY;
-  for (int64_t j0 = begin + warp * kKeysPerWarp; j0 < end; j0 += kAttentionWarps * kKeysPerWarp) {
-    float dot[kKeysPerWarp] = {};
-    for (int64_t e = lane; e < p.embed; e += 32) {
-      const float qe = query[e];
-#pragma unroll
-      for (int u = 0; u < kKeysPerWarp; ++u)
-        if (j0 + u < end) dot[u] += qe * load_f(k.data, k.elem, k_base + (j0 + u) * p.embed + e);
-    }
-#pragma unroll
-    for (int u = 0; u < kKeysPerWarp; ++u) {
-      for (int offset = 16; offset > 0; offset /= 2) dot[u] += __shfl_xor_sync(0xffffffffu, dot[u], offset);
-      const int64_t j = j0 + u;
-      if (j >= end) continue;
-      const float s = masked_score(p, dot[u], mask_term(p, b, head, row, j), row, j);
-      if (lane == 0) scores[j - begin] = s;
-      peak = fmaxf(peak, s);
-    }
-  }
-  return peak;
-}
-
-// Sums weights[j - begin] * v[j, first + lane + 32 t] over keys [begin, end) into `partial` [warps][chunk], then
-// over the warps: every thread then reads the totals for features first .. first + kAttentionChunk from
-// partial[0..chunk). Synchronizes the block.
-__device__ void sum_values(const AttentionParams& p, Operand v, int64_t v_base, int64_t begin, int64_t end,
-                           const float* weights, int64_t first, float* partial) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  float acc[kAttentionChunk / 32] = {};
-  for (int64_t j0 = begin + warp * kKeysPerWarp; j0 < end; j0 += kAttentionWarps * kKeysPerWarp) {
-#pragma unroll
-    for (int u = 0; u < kKeysPerWarp; ++u) {
-      const int64_t j = j0 + u;
-      if (j >= end) break;
-      const float weight = weights[j - begin];
-      const int64_t at = v_base + j * p.value_embed + first;
-#pragma unroll
-      for (int t = 0; t < kAttentionChunk / 32; ++t) {
-        const int64_t e = lane + 32 * t;
-        if (first + e < p.value_embed) acc[t] += weight * load_f(v.data, v.elem, at + e);
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kAttentionChunk / 32; ++t) partial[warp * kAttentionChunk + lane + 32 * t] = acc[t];
-  __syncthreads();
-  for (int64_t e = threadIdx.x; e < kAttentionChunk; e += blockDim.x) {
-    float total = 0.0f;
-    for (int w = 0; w < kAttentionWarps; ++w) total += partial[w * kAttentionChunk + e];
-    partial[e] = total;  // each thread reads only its own features of the other warps before this write
-  }
-  __syncthreads();
-}
-
-__global__ void __launch_bounds__(kAttentionThreads, 4)
-    attention_kernel(AttentionParams p, void* out, int out_elem, Operand q, Operand k, Operand v) {
-  extern __shared__ float shared[];
-  __shared__ float reduce[32];
-  const int64_t row = blockIdx.x % p.length, head = (blockIdx.x / p.length) % p.q_heads,
-                b = blockIdx.x / (p.length * p.q_heads);
-  const int64_t reads = attended_keys(p);
-  float* query = shared;
-  float* scores = query + p.embed;
-  float* partial = scores + p.source;  // [warps][kAttentionChunk]
-  const int64_t q_base = ((b * p.q_heads + head) * p.length + row) * p.embed;
-  const int64_t k_base = (b * p.k_heads + head / (p.q_heads / p.k_heads)) * p.source * p.embed;
-  const int64_t v_base = (b * p.v_heads + head / (p.q_heads / p.v_heads)) * p.source * p.value_embed;
-  for (int64_t e = threadIdx.x; e < p.embed; e += blockDim.x) query[e] = load_f(q.data, q.elem, q_base + e);
-  __syncthreads();
-  float peak = score_keys(p, query, k, k_base, b, head, row, 0, reads, scores);
-  peak = block_max(peak, reduce);  // synchronizes, so every score is written
-  const int64_t out_base = ((b * p.q_heads + head) * p.length + row) * p.value_embed;
-  if (p.zero_masked_rows && peak == -INFINITY) {
-    for (int64_t e = threadIdx.x; e < p.value_embed; e += blockDim.x) store_f(out, out_elem, out_base + e, 0.0f);
-    return;
-  }
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < reads; j += blockDim.x) {
-    const float weight = expf(scores[j] - peak);
-    scores[j] = weight;
-    sum += weight;
-  }
-  sum = block_sum(sum, reduce);  // synchronizes, so every weight is written
-  for (int64_t first = 0; first < p.value_embed; first += kAttentionChunk) {
-    sum_values(p, v, v_base, 0, reads, scores, first, partial);
-    for (int64_t e = threadIdx.x; e < kAttentionChunk && first + e < p.value_embed; e += blockDim.x)
-      store_f(out, out_elem, out_base + first + e, partial[e] / sum);
-    __syncthreads();
-  }
-}
-
-// ---- flash-decoding: the keys of a query row split over blocks, each leaving its maximum, its sum of weights
-// and its unnormalized weighted values; a second kernel combines them ----
-
-constexpr int64_t kSplitKeys = 64;
-
-__global__ void __launch_bounds__(kAttentionThreads, 4)
-    attention_split_kernel(AttentionParams p, int64_t splits, float* stats, float* values, Operand q, Operand k,
-                           Operand v) {
-  extern __shared__ float shared[];
-  __shared__ float reduce[32];
-  const int64_t r = blockIdx.x, split = blockIdx.y;
-  const int64_t row = r % p.length, head = (r / p.length) % p.q_heads, b = r / (p.length * p.q_heads);
-  const int64_t reads = attended_keys(p);
-  const int64_t begin = split * kSplitKeys, end = min(begin + kSplitKeys, reads);
-  if (begin >= end) return;  // past the attended keys: the combination reads only the splits before
-  float* stat = stats + (r * splits + split) * 2;
-  float* result = values + (r * splits + split) * p.value_embed;
-  float* query = shared;
-  float* scores = query + p.embed;
-  float* partial = scores + kSplitKeys;  // [warps][kAttentionChunk]
-  const int64_t q_base = ((b * p.q_heads + head) * p.length + row) * p.embed;
-  const int64_t k_base = (b * p.k_heads + head / (p.q_heads / p.k_heads)) * p.source * p.embed;
-  const int64_t v_base = (b * p.v_heads + head / (p.q_heads / p.v_heads)) * p.source * p.value_embed;
-  for (int64_t e = threadIdx.x; e < p.embed; e += blockDim.x) query[e] = load_f(q.data, q.elem, q_base + e);
-  __syncthreads();
-  float peak = score_keys(p, query, k, k_base, b, head, row, begin, end, scores);
-  peak = block_max(peak, reduce);
-  if (peak == -INFINITY) {  // no keys here, or all masked out
-    for (int64_t e = threadIdx.x; e < p.value_embed; e += blockDim.x) result[e] = 0.0f;
-    if (threadIdx.x == 0) {
-      stat[0] = -INFINITY;
-      stat[1] = 0.0f;
-    }
-    return;
-  }
-  float sum = 0.0f;
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    const float weight = expf(scores[j - begin] - peak);
-    scores[j - begin] = weight;
-    sum += weight;
-  }
-  sum = block_sum(sum, reduce);
-  for (int64_t first = 0; first < p.value_embed; first += kAttentionChunk) {
-    sum_values(p, v, v_base, begin, end, scores, first, partial);
-    for (int64_t e = threadIdx.x; e < kAttentionChunk && first + e < p.value_embed; e += blockDim.x)
-      result[first + e] = partial[e];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    stat[0] = peak;
-    stat[1] = sum;
-  }
-}
-
-// ---- decode attention (one query row per head against a cache, 16-byte loads): each block takes the query heads
-// that share one key/value head (grouped-query attention reads each cache row once for all of them) and a split of
-// kSplitKeys keys; groups of lanes share a key row, then a value row. The combine kernel below merges the splits ----
-
-constexpr int kDecodeWarps = 4;
-constexpr int kDecodeThreads = kDecodeWarps * 32;
-constexpr int kDecodeRowsInFlight = 8;  // key (or value) rows each lane group loads before using them
-constexpr int kDecodeMaxHeads = 8;      // query heads one block takes
-constexpr int64_t kDecodeSharedFloats = 2048;
-
-// Lanes sharing one row of `vectors` 16-byte vectors: the largest power of two up to min(vectors, 32), so that a
-// lane holds at most two of the row's vectors.
-__host__ __device__ inline int lanes_per_row(int64_t vectors) {
-  int lanes = 1;
-  while (lanes < 32 && lanes * 2 <= vectors) lanes *= 2;
-  return lanes;
-}
-__host__ __device__ inline int vectors_per_lane(int64_t vectors) {
-  return static_cast<int>((vectors + lanes_per_row(vectors) - 1) / lanes_per_row(vectors));
-}
-
-template <typename T>
-__device__ __forceinline__ float dot_shared(uint4 keys, const float* query) {
-  constexpr int kPerVector = 16 / sizeof(T);
-  const T* values = reinterpret_cast<const T*>(&keys);
-  float sum = 0.0f;
-#pragma unroll
-  for (int e = 0; e < kPerVector; ++e) sum += to_float(values[e]) * query[e];
-  return sum;
-}
-
-// Loops over the heads of a block stay rolled: each block runs its code once, so a long unrolled body would be
-// fetched from memory rather than from the instruction cache.
-template <typename T>
-__global__ void __launch_bounds__(kDecodeThreads)
-    decode_attention_split_kernel(AttentionParams p, int heads, int64_t splits, float* stats, float* values, Operand q,
-                                  const T* k, const T* v) {
-  constexpr int kPerVector = 16 / sizeof(T);
-  __shared__ float query[kDecodeSharedFloats];  // [heads][embed]
-  __shared__ float scores[kDecodeMaxHeads][kSplitKeys];
-  __shared__ float partial[kDecodeWarps][kDecodeSharedFloats];  // [warp][heads][value_embed]
-  __shared__ float head_peak[kDecodeMaxHeads], head_sum[kDecodeMaxHeads];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t chunks = p.q_heads / heads;
-  const int64_t b = blockIdx.x / chunks, first_head = (blockIdx.x % chunks) * heads, split = blockIdx.y;
-  const int64_t begin = split * kSplitKeys, end = min(begin + kSplitKeys, attended_keys(p)), count = end - begin;
-  if (begin >= end) return;  // past the attended keys: the combination reads only the splits before
-  for (int64_t e = threadIdx.x; e < heads * p.embed; e += blockDim.x)
-    query[e] = load_f(q.data, q.elem, (b * p.q_heads + first_head) * p.embed + e);
-  __syncthreads();
-
-  // Scores of every head of the block against the split's keys, each key row loaded once.
-  const int64_t key_vectors = p.embed / kPerVector;
-  const auto* keys =
-      reinterpret_cast<const uint4*>(k + (b * p.k_heads + first_head / (p.q_heads / p.k_heads)) * p.source * p.embed);
-  const int key_lanes = lanes_per_row(key_vectors);
-  const int64_t keys_per_pass = kDecodeWarps * (32 / key_lanes);
-  const int64_t key_slot = warp * (32 / key_lanes) + lane / key_lanes;
-  const int key_lane = lane % key_lanes;
-  for (int64_t base = begin; base < end; base += keys_per_pass * kDecodeRowsInFlight) {
-    uint4 loaded[kDecodeRowsInFlight][2];
-    float masks[kDecodeRowsInFlight];  // the first head's mask terms, loaded with the keys
-#pragma unroll
-    for (int u = 0; u < kDecodeRowsInFlight; ++u) {
-      const int64_t j = base + u * keys_per_pass + key_slot;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t at = key_lane + h * key_lanes;
-        loaded[u][h] = j < end && at < key_vectors ? __ldg(keys + j * key_vectors + at) : make_uint4(0, 0, 0, 0);
-      }
-      masks[u] = j < end ? mask_term(p, b, first_head, 0, j) : 0.0f;
-    }
-#pragma unroll 1
-    for (int g = 0; g < heads; ++g) {
-#pragma unroll
-      for (int u = 0; u < kDecodeRowsInFlight; ++u) {
-        const int64_t j = base + u * keys_per_pass + key_slot;
-        float dot = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t at = key_lane + h * key_lanes;
-          if (at < key_vectors) dot += dot_shared<T>(loaded[u][h], query + g * p.embed + at * kPerVector);
-        }
-        for (int offset = key_lanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (j < end && key_lane == 0) {
-          const float mask = g == 0 || p.mask_head_stride == 0 ? masks[u] : mask_term(p, b, first_head + g, 0, j);
-          scores[g][j - begin] = masked_score(p, dot, mask, 0, j);
-        }
-      }
-    }
-  }
-  __syncthreads();
-
-  // Softmax numerators per head (a warp per head): maximum, weights, their sum.
-  for (int g = warp; g < heads; g += kDecodeWarps) {
-    float peak = -INFINITY;
-    for (int64_t j = lane; j < count; j += 32) peak = fmaxf(peak, scores[g][j]);
-    for (int offset = 16; offset > 0; offset /= 2) peak = fmaxf(peak, __shfl_xor_sync(0xffffffffu, peak, offset));
-    float sum = 0.0f;
-    for (int64_t j = lane; j < count; j += 32) {
-      const float weight = peak == -INFINITY ? 0.0f : expf(scores[g][j] - peak);
-      scores[g][j] = weight;
-      sum += weight;
-    }
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) {
-      head_peak[g] = peak;
-      head_sum[g] = sum;
-    }
-  }
-  __syncthreads();
-
-  // The weighted sums of the value rows, head by head (rows after the first head's come from the L1 cache).
-  const int64_t value_vectors = p.value_embed / kPerVector;
-  const auto* rows = reinterpret_cast<const uint4*>(v + (b * p.v_heads + first_head / (p.q_heads / p.v_heads)) *
-                                                            p.source * p.value_embed);
-  const int value_lanes = lanes_per_row(value_vectors);
-  const int64_t rows_per_pass = kDecodeWarps * (32 / value_lanes);
-  const int64_t row_slot = warp * (32 / value_lanes) + lane / value_lanes;
-  const int value_lane = lane % value_lanes;
-#pragma unroll 1
-  for (int g = 0; g < heads; ++g) {
-    float acc[2][kPerVector] = {};
-    for (int64_t base = begin; base < end; base += rows_per_pass * kDecodeRowsInFlight) {
-      uint4 loaded[kDecodeRowsInFlight][2];
-#pragma unroll
-      for (int u = 0; u < kDecodeRowsInFlight; ++u) {
-        const int64_t j = base + u * rows_per_pass + row_slot;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t at = value_lane + h * value_lanes;
-          loaded[u][h] = j < end && at < value_vectors ? __ldg(rows + j * value_vectors + at) : make_uint4(0, 0, 0, 0);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kDecodeRowsInFlight; ++u) {
-        const int64_t j = base + u * rows_per_pass + row_slot;
-        const float weight = j < end ? scores[g][j - begin] : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const T* features = reinterpret_cast<const T*>(&loaded[u][h]);
-#pragma unroll
-          for (int e = 0; e < kPerVector; ++e) acc[h][e] += weight * to_float(features[e]);
-        }
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int e = 0; e < kPerVector; ++e)
-        for (int offset = 16; offset >= value_lanes; offset /= 2)
-          acc[h][e] += __shfl_xor_sync(0xffffffffu, acc[h][e], offset);
-      const int64_t at = value_lane + h * value_lanes;
-      if (lane < value_lanes && at < value_vectors)
-#pragma unroll
-        for (int e = 0; e < kPerVector; ++e) partial[warp][g * p.value_embed + at * kPerVector + e] = acc[h][e];
-    }
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < heads * p.value_embed; i += blockDim.x) {
-    const int64_t g = i / p.value_embed, e = i % p.value_embed;
-    float total = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) total += partial[w][i];
-    values[((b * p.q_heads + first_head + g) * splits + split) * p.value_embed + e] = total;
-  }
-  for (int g = threadIdx.x; g < heads; g += blockDim.x) {
-    float* stat = stats + ((b * p.q_heads + first_head + g) * splits + split) * 2;
-    stat[0] = head_peak[g];
-    stat[1] = head_sum[g];
-  }
-}
-
-__global__ void attention_combine_kernel(AttentionParams p, int64_t splits, const float* stats, const float* values,
-                                         void* out, int out_elem) {
-  const int64_t r = blockIdx.x;
-  const float* stat = stats + r * splits * 2;
-  const int64_t used = min(splits, (attended_keys(p) + kSplitKeys - 1) / kSplitKeys);
-  float peak = -INFINITY;
-  for (int64_t s = 0; s < used; ++s) peak = fmaxf(peak, stat[2 * s]);
-  float total = 0.0f;
-  for (int64_t s = 0; s < used; ++s)
-    if (stat[2 * s] != -INFINITY) total += stat[2 * s + 1] * expf(stat[2 * s] - peak);
-  for (int64_t e = threadIdx.x; e < p.value_embed; e += blockDim.x) {
-    float value;
-    if (peak == -INFINITY) {
-      value = p.zero_masked_rows ? 0.0f : NAN;  // the softmax of a row with every score -inf
-    } else {
-      float acc = 0.0f;
-      for (int64_t s = 0; s < used; ++s)
-        if (stat[2 * s] != -INFINITY) acc += values[(r * splits + s) * p.value_embed + e] * expf(stat[2 * s] - peak);
-      value = acc / total;
-    }
-    store_f(out, out_elem, r * p.value_embed + e, value);
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_copy(cudaStream_t stream, const Indexer& index, void* dst, int dst_elem, Operand src) {
@@ -1189,7 +658,8 @@ cudaError_t launch_rope_cache(cudaStream_t stream, const RopeCacheBatch& batch) 
   int64_t most = 0;
   for (int j = 0; j < batch.count; ++j) most = std::max(most, batch.jobs[j].count);
   if (most > 0)
-    rope_cache_kernel<<<dim3(blocks_for(most), static_cast<unsigned>(batch.count)), kThreads, 0, stream>>>(batch);
+    return launch_dependent(rope_cache_kernel, dim3(blocks_for(most), static_cast<unsigned>(batch.count)), kThreads, 0,
+                            stream, batch);
   return cudaGetLastError();
 }
 
@@ -1279,23 +749,6 @@ bool gemv_supports(int64_t k, int elem) { return k > 0 && elem <= kBF16 && (k * 
 
 namespace {
 
-// Launches `kernel` with programmatic dependent launch allowed, so that it can start while the previous kernel of
-// the stream finishes (the kernel waits for it with wait_for_producer()).
-template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), unsigned blocks, unsigned threads, cudaStream_t stream,
-                             Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
 template <typename T, int R>
 cudaError_t launch_gemv_typed(cudaStream_t stream, int64_t k, int parts, const void* x, const GemvBatch& batch) {
   const int64_t tasks = batch.first[batch.count];
@@ -1303,8 +756,8 @@ cudaError_t launch_gemv_typed(cudaStream_t stream, int64_t k, int parts, const v
   const T* input = static_cast<const T*>(x);
   // Two vectors of each row in flight per lane, four for a lone row of a whole-warp task (measured on an H100).
   if (R == 1 && parts == 1)
-    return launch_dependent(gemv_batch_kernel<T, R, 4>, blocks, kGemvThreads, stream, batch, k, parts, input);
-  return launch_dependent(gemv_batch_kernel<T, R, 2>, blocks, kGemvThreads, stream, batch, k, parts, input);
+    return launch_dependent(gemv_batch_kernel<T, R, 4>, dim3(blocks), kGemvThreads, 0, stream, batch, k, parts, input);
+  return launch_dependent(gemv_batch_kernel<T, R, 2>, dim3(blocks), kGemvThreads, 0, stream, batch, k, parts, input);
 }
 
 template <int R>
@@ -1363,77 +816,6 @@ cudaError_t launch_gemv(cudaStream_t stream, int64_t n, int64_t k, void* y, int 
   segment.bias = bias;
   segment.rows = n;
   return launch_gemv_batch(stream, k, elem, x, &segment, 1, GemvNorm{});
-}
-
-int64_t attention_max_source() { return kAttentionSharedFloats - kAttentionWarps * kAttentionChunk; }
-
-int64_t attention_scratch_floats(const AttentionParams& p) {
-  if (p.length != 1 || p.source < 2 * kSplitKeys) return 0;
-  const int64_t splits = (p.source + kSplitKeys - 1) / kSplitKeys;
-  return p.batch * p.q_heads * splits * (2 + p.value_embed);
-}
-
-namespace {
-
-// The 16-byte-load decode kernel for the splits, where the keys and values share one float storage whose rows are
-// whole vectors; false when it does not apply. A block takes the most query heads of one key/value head that fit.
-bool launch_decode_attention(cudaStream_t stream, const AttentionParams& p, int64_t splits, float* stats, float* values,
-                             Operand q, Operand k, Operand v) {
-  if (k.elem != v.elem || k.elem > kBF16) return false;
-  const int64_t per_vector = k.elem == kF32 ? 4 : 8;
-  const auto aligned = [](const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; };
-  if (p.embed % per_vector != 0 || p.value_embed % per_vector != 0 || !aligned(k.data) || !aligned(v.data) ||
-      p.q_heads % p.k_heads != 0 || p.q_heads % p.v_heads != 0)
-    return false;
-  const int key_slots = vectors_per_lane(p.embed / per_vector),
-            value_slots = vectors_per_lane(p.value_embed / per_vector);
-  if (key_slots > 2 || value_slots > 2) return false;
-  // One query head per block: grouping the heads that share a key/value head (each cache row read once) measured
-  // faster only at long contexts (H100, Qwen2.5-1.5B shape: 1.18x instead of 1.84x the step time of context 128
-  // at 8192) and slower below (2.68 instead of 2.07 ms per token at 128), so the kernel takes `heads` but one runs.
-  const int heads = 1;
-  if (std::max(p.embed, p.value_embed) > kDecodeSharedFloats) return false;
-  const dim3 grid(static_cast<unsigned>(p.batch * p.q_heads / heads), static_cast<unsigned>(splits));
-  switch (k.elem) {
-    case kF32:
-      decode_attention_split_kernel<float><<<grid, kDecodeThreads, 0, stream>>>(
-          p, heads, splits, stats, values, q, static_cast<const float*>(k.data), static_cast<const float*>(v.data));
-      break;
-    case kF16:
-      decode_attention_split_kernel<__half><<<grid, kDecodeThreads, 0, stream>>>(
-          p, heads, splits, stats, values, q, static_cast<const __half*>(k.data), static_cast<const __half*>(v.data));
-      break;
-    default:
-      decode_attention_split_kernel<__nv_bfloat16><<<grid, kDecodeThreads, 0, stream>>>(
-          p, heads, splits, stats, values, q, static_cast<const __nv_bfloat16*>(k.data),
-          static_cast<const __nv_bfloat16*>(v.data));
-      break;
-  }
-  return true;
-}
-
-}  // namespace
-
-cudaError_t launch_attention(cudaStream_t stream, const AttentionParams& p, void* out, int out_elem, Operand q,
-                             Operand k, Operand v, float* scratch) {
-  const int64_t rows = p.batch * p.q_heads * p.length;
-  if (rows <= 0) return cudaGetLastError();
-  if (scratch && attention_scratch_floats(p) > 0) {
-    const int64_t splits = (p.source + kSplitKeys - 1) / kSplitKeys;
-    float* stats = scratch;
-    float* values = scratch + rows * splits * 2;
-    const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(splits));
-    if (!launch_decode_attention(stream, p, splits, stats, values, q, k, v)) {
-      const size_t shared =
-          static_cast<size_t>(p.embed + kSplitKeys + kAttentionWarps * kAttentionChunk) * sizeof(float);
-      attention_split_kernel<<<grid, kAttentionThreads, shared, stream>>>(p, splits, stats, values, q, k, v);
-    }
-    attention_combine_kernel<<<static_cast<unsigned>(rows), 128, 0, stream>>>(p, splits, stats, values, out, out_elem);
-    return cudaGetLastError();
-  }
-  const size_t shared = static_cast<size_t>(p.embed + p.source + kAttentionWarps * kAttentionChunk) * sizeof(float);
-  attention_kernel<<<static_cast<unsigned>(rows), kAttentionThreads, shared, stream>>>(p, out, out_elem, q, k, v);
-  return cudaGetLastError();
 }
 
 cudaError_t launch_rotary_embedding(cudaStream_t stream, int64_t rows, int64_t half, float scaling, void* cos,
