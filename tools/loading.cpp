@@ -43,7 +43,11 @@ std::vector<OptionSpec> join(std::initializer_list<std::vector<OptionSpec>> list
   return all;
 }
 
-std::vector<std::pair<ValueId, Tensor>> load_weights(const Graph& graph, const Args& args) {
+namespace {
+
+// --weights, --config or --random-weights bound to `graph`, with the derived weights (BatchNorm folds) computed or
+// left to the backend that prepares the graph.
+std::vector<std::pair<ValueId, Tensor>> bind_weights(const Graph& graph, const Args& args, DerivedWeights derived) {
   if (args.value("random-weights")) {
     if (!args.values("weights").empty()) fail("npusim: give either --weights or --random-weights, not both");
     const auto seed = static_cast<uint64_t>(args.integer("random-weights", 0, 0, INT64_MAX));
@@ -56,15 +60,21 @@ std::vector<std::pair<ValueId, Tensor>> load_weights(const Graph& graph, const A
       else
         weights.emplace_back(id, random_weight(value, seed));
     }
-    add_derived_weights(graph, weights);
+    if (derived == DerivedWeights::Computed) add_derived_weights(graph, weights);
     return weights;
   }
   WeightStore store;
   for (const std::string& path : args.values("weights")) store.add_file(path);
   if (auto config = args.value("config")) store.set_config(ModelConfig::load(*config));
-  WeightBinding binding = store.bind(graph);
+  WeightBinding binding = store.bind(graph, derived);
   for (const std::string& note : binding.notes) std::fprintf(stderr, "note: %s\n", note.c_str());
   return std::move(binding.tensors);
+}
+
+}  // namespace
+
+std::vector<std::pair<ValueId, Tensor>> load_weights(const Graph& graph, const Args& args) {
+  return bind_weights(graph, args, DerivedWeights::Computed);
 }
 
 std::map<std::string, Tensor> load_inputs(const Graph& graph, const Args& args) {
@@ -135,7 +145,8 @@ PreparedModel prepare_model(const std::string& path, const Args& args, const Bac
     plan = std::move(report.partitions);
   }
   if (!plan) plan = compiler::partition_graph(model.program.graph, model.target, model.program.compute_dtype);
-  const auto weights = load_weights(model.program.graph, args);
+  // Every backend computes the derived weights itself; the CPU backend folds them while it packs.
+  const auto weights = bind_weights(model.program.graph, args, DerivedWeights::LeftToBackend);
   model.partitions = plan->partitions.size();
   model.fallback_nodes = plan->fallback_nodes();
   model.executor = std::make_unique<DagExecutor>(model.program, std::move(*plan), weights, partition_backends(backend));

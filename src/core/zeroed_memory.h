@@ -25,6 +25,12 @@ enum class Pages : uint8_t { Small, Huge };
 // Fails (npusim::Error naming `what`) when the memory cannot be had.
 ZeroedMemory allocate_zeroed(size_t bytes, const char* what, Pages pages = Pages::Small);
 
+// Maps the pages of [data, data + bytes) in now, in one call (MADV_POPULATE_WRITE; one byte per page written back as
+// it is where the kernel lacks it), so that the first writes pay no page fault per 4 KiB page: for memory allocated
+// zeroed at prepare time (a block from allocate_zeroed or a ZeroedArena) before it is written, while no other thread
+// writes it. The contents stay as they are; pages already mapped cost nothing more.
+void prefault(std::byte* data, size_t bytes);
+
 // Many zero-filled blocks that live and die together (the packed weights of a prepared program), carved one after
 // another from a few large mappings: no allocation per block and no block zeroed twice (fresh mappings are zero).
 // The mappings start on 4 KiB pages, which a first touch gets at a steady cost, and are offered to huge pages once

@@ -1,11 +1,11 @@
 #include "runtime/weight_store.h"
 
-#include "runtime/weight_transforms.h"
-
 #include <algorithm>
 #include <cstring>
 #include <set>
 #include <string_view>
+
+#include "runtime/weight_transforms.h"
 
 namespace npusim {
 
@@ -141,7 +141,7 @@ std::optional<WeightStore::Found> WeightStore::resolve(const Graph& graph, const
   return std::nullopt;
 }
 
-WeightBinding WeightStore::bind(const Graph& graph) const {
+WeightBinding WeightStore::bind(const Graph& graph, DerivedWeights derived) const {
   const std::string source = graph.source.empty() ? "graph" : graph.source;
   WeightBinding binding;
   std::vector<std::string> missing;
@@ -172,7 +172,7 @@ WeightBinding WeightStore::bind(const Graph& graph) const {
     for (const std::string& line : missing) message += "\n  " + line;
     fail(message);
   }
-  add_derived_weights(graph, binding.tensors);
+  if (derived == DerivedWeights::Computed) add_derived_weights(graph, binding.tensors);
   return binding;
 }
 

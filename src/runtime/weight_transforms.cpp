@@ -23,35 +23,50 @@ std::vector<double> bn_scale(const Tensor& gamma, const Tensor& var, double eps,
   return scale;
 }
 
+int64_t leading_dim(const Shape& shape) { return shape.empty() ? 1 : shape[0]; }
+
 }  // namespace
 
+std::vector<double> bn_fold_scales(const WeightTransform& transform, std::span<const Tensor> sources, int64_t channels,
+                                   const std::string& name) {
+  return bn_scale(sources[1], sources[2], transform.params.get_float("eps", 1e-5), channels, name);
+}
+
+Tensor scale_rows(const Tensor& weight, std::span<const double> scales, int threads) {
+  const int64_t channels = leading_dim(weight.shape());
+  if (weight.dtype() != DType::Float32 || static_cast<int64_t>(scales.size()) != channels)
+    fail("scale_rows: needs an fp32 weight and one scale per row, got " + std::string(dtype_name(weight.dtype())) +
+         " " + shape_string(weight.shape()) + " and " + std::to_string(scales.size()) + " scales");
+  Tensor out(DType::Float32, weight.shape());  // written once, straight from the (often mapped) source
+  const int64_t per_channel = channels ? weight.numel() / channels : 0;
+  const float* in = weight.data<float>();
+  float* data = out.mutable_data<float>();
+  const auto fold = [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const double channel_scale = scales[static_cast<size_t>(c)];
+      for (int64_t i = c * per_channel; i < (c + 1) * per_channel; ++i)
+        data[i] = static_cast<float>(in[i] * channel_scale);
+    }
+  };
+  // Large weights are split over the threads: most of the cost is the first touch of the output's fresh pages.
+  const int wanted = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  const int64_t workers =
+      weight.numel() >= (int64_t{1} << 18) ? std::max<int64_t>(1, std::min<int64_t>({wanted, channels, 8})) : 1;
+  std::vector<std::thread> helpers;
+  for (int64_t w = 1; w < workers; ++w)
+    helpers.emplace_back(fold, channels * w / workers, channels * (w + 1) / workers);
+  fold(0, channels / workers);
+  for (std::thread& helper : helpers) helper.join();
+  return out;
+}
+
 Tensor apply_weight_transform(const WeightTransform& transform, std::span<const Tensor> sources,
-                              const std::string& name) {
+                              const std::string& name, int threads) {
   const double eps = transform.params.get_float("eps", 1e-5);
   if (transform.kind == "bn_fold_weight") {
     const Tensor weight = sources[0].to(DType::Float32);
-    const int64_t channels = weight.shape().empty() ? 1 : weight.shape()[0];
-    const auto scale = bn_scale(sources[1], sources[2], eps, channels, name);
-    Tensor out(DType::Float32, weight.shape());  // written once, straight from the (often mapped) source
-    const int64_t per_channel = channels ? weight.numel() / channels : 0;
-    const float* in = weight.data<float>();
-    float* data = out.mutable_data<float>();
-    const auto fold = [&](int64_t first, int64_t last) {
-      for (int64_t c = first; c < last; ++c) {
-        const double channel_scale = scale[static_cast<size_t>(c)];
-        for (int64_t i = c * per_channel; i < (c + 1) * per_channel; ++i)
-          data[i] = static_cast<float>(in[i] * channel_scale);
-      }
-    };
-    // Large weights are split over the cores: most of the cost is the first touch of the output's fresh pages.
-    const auto workers = static_cast<int64_t>(
-        std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, weight.numel() >= (int64_t{1} << 18) ? 8 : 1));
-    std::vector<std::thread> helpers;
-    for (int64_t w = 1; w < workers; ++w)
-      helpers.emplace_back(fold, channels * w / workers, channels * (w + 1) / workers);
-    fold(0, channels / workers);
-    for (std::thread& helper : helpers) helper.join();
-    return out;
+    const int64_t channels = leading_dim(weight.shape());
+    return scale_rows(weight, bn_fold_scales(transform, sources, channels, name), threads);
   }
   if (transform.kind == "bn_fold_bias") {
     const Tensor& bias = sources[0];
@@ -77,9 +92,10 @@ enum class WeightsWanted { All, UnboundDerived };
 
 // By ValueId, the value of every weight a node or a graph output reads (other entries undefined): the bound tensor,
 // else the graph's constant (by weight key or name), else computed by its transform (sources first, each once).
-// UnboundDerived leaves out the weights without a transform and those `bound` already holds.
+// UnboundDerived leaves out the weights without a transform and those `bound` already holds; derived weights that
+// options.leave_derived names are replaced by their sources.
 std::vector<Tensor> resolve_read_weights(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& bound,
-                                         WeightsWanted wanted) {
+                                         WeightsWanted wanted, const ResolveOptions& options = {}) {
   std::vector<Tensor> given(graph.values.size());
   std::vector<bool> is_bound(graph.values.size(), false);
   for (const auto& [id, tensor] : bound) {
@@ -99,7 +115,7 @@ std::vector<Tensor> resolve_read_weights(const Graph& graph, const std::vector<s
     std::vector<Tensor> sources;
     for (int32_t source : value.transform->sources)
       sources.push_back(source < 0 ? Tensor() : value_of(source, "the derived weight '" + value.name + "'"));
-    slot = apply_weight_transform(*value.transform, sources, value.name);
+    slot = apply_weight_transform(*value.transform, sources, value.name, options.threads);
     if (slot.shape() != value.meta.shape)
       fail(graph.source + ": weight transform '" + value.transform->kind + "' for '" + value.name + "' gave shape " +
            shape_string(slot.shape()) + ", expected " + shape_string(value.meta.shape));
@@ -111,6 +127,12 @@ std::vector<Tensor> resolve_read_weights(const Graph& graph, const std::vector<s
     const auto index = static_cast<size_t>(id);
     if (value.kind != ValueKind::Weight || resolved[index].defined()) return;
     if (wanted == WeightsWanted::UnboundDerived && (!value.transform || is_bound[index])) return;
+    if (value.transform && !is_bound[index] && options.leave_derived && options.leave_derived(id)) {
+      for (int32_t source : value.transform->sources)
+        if (source >= 0)
+          resolved[static_cast<size_t>(source)] = value_of(source, "the derived weight '" + value.name + "'");
+      return;
+    }
     resolved[index] = value_of(id, user);
   };
   for (const Node& node : graph.nodes)
@@ -127,7 +149,8 @@ void add_derived_weights(const Graph& graph, std::vector<std::pair<ValueId, Tens
     if (const Tensor& tensor = derived[static_cast<size_t>(id)]; tensor.defined()) tensors.emplace_back(id, tensor);
 }
 
-std::vector<Tensor> resolve_weights(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& binding) {
+std::vector<Tensor> resolve_weights(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& binding,
+                                    const ResolveOptions& options) {
   for (const auto& [id, tensor] : binding) {
     if (id < 0 || static_cast<size_t>(id) >= graph.values.size() || graph.value(id).kind != ValueKind::Weight)
       fail(graph.source + ": weight binding names value " + std::to_string(id) + ", which is not a weight");
@@ -136,7 +159,7 @@ std::vector<Tensor> resolve_weights(const Graph& graph, const std::vector<std::p
       fail(graph.source + ": weight '" + value.weight_key + "' has shape " + shape_string(tensor.shape()) +
            ", the graph expects " + shape_string(value.meta.shape));
   }
-  return resolve_read_weights(graph, binding, WeightsWanted::All);
+  return resolve_read_weights(graph, binding, WeightsWanted::All, options);
 }
 
 }  // namespace npusim

@@ -317,16 +317,22 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
   const bool three_by_three = geo.kernel == std::array<int64_t, 2>{3, 3} &&
                               geo.stride == std::array<int64_t, 2>{1, 1} &&
                               geo.dilation == std::array<int64_t, 2>{1, 1} && geo.groups == 1;
+  // A weight kept as its source with per-output-channel factors (a folded BatchNorm) is scaled while it is packed.
+  const double* scales = ctx.row_scales_of(1);
+  if (scales && (!fixed_input(ctx, 1) || p.weight.elem != Elem::F32)) return std::nullopt;
   if (three_by_three && fixed_input(ctx, 1) && WinogradConv::suitable(winograd)) {
-    p.winograd.emplace(winograd, p.weight.data, p.weight.elem, ctx.scratch, &ctx.pool);
+    p.winograd.emplace(winograd, p.weight.data, p.weight.elem, ctx.scratch, &ctx.pool, scales);
     p.winograd_scratch = reserve(p.winograd->workspace_floats());
   } else if (fixed_input(ctx, 1)) {
     const size_t w_es = elem_size(p.weight.elem);
-    for (int64_t group = 0; group < geo.groups; ++group)
+    for (int64_t group = 0; group < geo.groups; ++group) {
+      const int64_t first_channel = group * geo.group_out();
       p.packed.push_back(PackedMatrix::pack(
-          GemmSide::A, p.weight.data + static_cast<size_t>(group * geo.group_out() * geo.patch()) * w_es, p.weight.elem,
-          geo.group_out(), geo.patch(), 0, false, &ctx.pool));
+          GemmSide::A, p.weight.data + static_cast<size_t>(first_channel * geo.patch()) * w_es, p.weight.elem,
+          geo.group_out(), geo.patch(), 0, false, &ctx.pool, scales ? scales + first_channel : nullptr));
+    }
   }
+  kernel.applies_row_scales = scales != nullptr;
   if (!p.winograd)
     p.gemm = PackedGemm({.m = geo.group_out(), .n = geo.pixels(), .k = geo.patch(), .a_prepacked = !p.packed.empty()},
                         ctx.scratch);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/cpu_features.h"
 
@@ -220,6 +221,43 @@ void interleave(const float* const* y, int m, float* line, int64_t count, bool a
 
 namespace {
 
+// out[l] = g0 * a[l] + g1 * b[l] + g2 * c[l] over n lanes, added left to right without fused multiply-adds, so that
+// every path rounds alike; a float `out` takes the sum rounded once.
+template <typename Out>
+void combine3_plain(const double* a, const double* b, const double* c, double g0, double g1, double g2, Out* out,
+                    int64_t n) {
+  for (int64_t l = 0; l < n; ++l) out[l] = static_cast<Out>(g0 * a[l] + g1 * b[l] + g2 * c[l]);
+}
+
+#ifdef NPUSIM_WINOGRAD_X86
+template <typename Out>
+NPUSIM_WINOGRAD_AVX2 void combine3_avx2(const double* a, const double* b, const double* c, double g0, double g1,
+                                        double g2, Out* out, int64_t n) {
+  const __m256d v0 = _mm256_set1_pd(g0), v1 = _mm256_set1_pd(g1), v2 = _mm256_set1_pd(g2);
+  int64_t l = 0;
+  for (; l + 4 <= n; l += 4) {
+    const __m256d sum = _mm256_add_pd(
+        _mm256_add_pd(_mm256_mul_pd(v0, _mm256_loadu_pd(a + l)), _mm256_mul_pd(v1, _mm256_loadu_pd(b + l))),
+        _mm256_mul_pd(v2, _mm256_loadu_pd(c + l)));
+    if constexpr (std::is_same_v<Out, float>)
+      _mm_storeu_ps(out + l, _mm256_cvtpd_ps(sum));
+    else
+      _mm256_storeu_pd(out + l, sum);
+  }
+  combine3_plain(a + l, b + l, c + l, g0, g1, g2, out + l, n - l);
+}
+#endif
+
+template <typename Out>
+void combine3(const double* a, const double* b, const double* c, double g0, double g1, double g2, Out* out, int64_t n,
+              bool avx2) {
+#ifdef NPUSIM_WINOGRAD_X86
+  if (avx2) return combine3_avx2(a, b, c, g0, g1, g2, out, n);
+#endif
+  (void)avx2;
+  combine3_plain(a, b, c, g0, g1, g2, out, n);
+}
+
 // F4 for larger images, F2 (fewer wasted tile rows and columns, smaller transformed weights) for small ones.
 int tile_side(const WinogradConv::Geometry& g) { return g.out_h * g.out_w >= 144 ? 4 : 2; }
 
@@ -235,7 +273,7 @@ bool WinogradConv::suitable(const Geometry& g) {
 }
 
 WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weight_elem, ScratchSpace& scratch,
-                           ThreadPool* pool)
+                           ThreadPool* pool, const double* channel_scales)
     : g_(g) {
   tile_ = tile_side(g);
   const int alpha = tile_ + 2;
@@ -253,7 +291,10 @@ WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weig
   for (int xi = 0; xi < alpha * alpha; ++xi)
     weights_.push_back(tiles_as_rows_ ? PackedMatrix::zeroed(GemmSide::B, Elem::F32, cin, cout)
                                       : PackedMatrix::zeroed(GemmSide::A, Elem::F32, cout, cin));
-  transform_weights(weight, weight_elem, pool);
+  std::vector<PackedMatrix*> matrices;
+  for (PackedMatrix& m : weights_) matrices.push_back(&m);
+  prefault_storage(matrices, pool);
+  transform_weights(weight, weight_elem, pool, channel_scales);
   gemm_ = tiles_as_rows_
               ? PackedGemm({.m = tiles, .n = cout, .k = cin, .b_prepacked = true, .max_threads = 1}, scratch)
               : PackedGemm({.m = cout, .n = tiles, .k = cin, .a_prepacked = true, .max_threads = 1}, scratch);
@@ -263,7 +304,8 @@ WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weig
   scratch.reserve_per_worker(static_cast<size_t>(std::max(input_floats, output_floats)) * sizeof(float));
 }
 
-void WinogradConv::transform_weights(const std::byte* weight, Elem weight_elem, ThreadPool* pool) {
+void WinogradConv::transform_weights(const std::byte* weight, Elem weight_elem, ThreadPool* pool,
+                                     const double* channel_scales) {
   const int alpha = tile_ + 2;
   const int64_t cin = g_.in_channels, cout = g_.out_channels;
   const double(*gm)[3] = tile_ == 4 ? kG4 : kG2;
@@ -275,8 +317,9 @@ void WinogradConv::transform_weights(const std::byte* weight, Elem weight_elem, 
   // Input channels per block: the taps and G w of a block (27 + 3 alpha values per lane) stay in L2.
   const int64_t block = std::max<int64_t>(1, 1024 / width);
   const size_t w_es = elem_size(weight_elem);
+  const bool avx2 = cpu_features().avx2_fma_f16c();
   const auto transform_panels = [&](int64_t begin, int64_t end) {
-    std::vector<float> kernel(9);
+    std::vector<float> kernel(static_cast<size_t>(9 * block * width));  // half-precision taps widened to fp32
     std::vector<double> taps(static_cast<size_t>(9 * block * width));
     std::vector<double> gw(static_cast<size_t>(alpha * 3 * block * width));
     for (int64_t panel = begin; panel < end; ++panel) {
@@ -284,27 +327,41 @@ void WinogradConv::transform_weights(const std::byte* weight, Elem weight_elem, 
       for (int64_t c0 = 0; c0 < cin; c0 += block) {
         const int64_t channels = std::min(block, cin - c0), lanes = channels * width;
         // taps[t][c][o] = w[o0 + o][c0 + c][t]; output channels past cout are zero.
-        std::fill(taps.begin(), taps.end(), 0.0);
-        for (int64_t o = 0; o < live; ++o)
-          for (int64_t c = 0; c < channels; ++c) {
-            to_float(weight + static_cast<size_t>(((o0 + o) * cin + c0 + c) * 9) * w_es, weight_elem, kernel.data(), 9);
-            for (int t = 0; t < 9; ++t) taps[static_cast<size_t>(t * lanes + c * width + o)] = kernel[t];
+        if (live < width) std::fill(taps.begin(), taps.end(), 0.0);
+        // Each output channel's taps over the block, as fp32 (fp32 weights are read in place) and scaled.
+        const float* rows[kGemmTileCols];
+        double scales[kGemmTileCols];
+        for (int64_t o = 0; o < live; ++o) {
+          const std::byte* first = weight + static_cast<size_t>(((o0 + o) * cin + c0) * 9) * w_es;
+          rows[o] = reinterpret_cast<const float*>(first);
+          if (weight_elem != Elem::F32) {
+            float* converted = kernel.data() + o * channels * 9;
+            to_float(first, weight_elem, converted, channels * 9);
+            rows[o] = converted;
+          }
+          scales[o] = channel_scales ? channel_scales[o0 + o] : 1.0;
+        }
+        for (int64_t c = 0; c < channels; ++c)
+          for (int t = 0; t < 9; ++t) {
+            double* line = taps.data() + t * lanes + c * width;
+            for (int64_t o = 0; o < live; ++o) {
+              const float tap = rows[o][c * 9 + t];
+              line[o] = channel_scales ? static_cast<float>(static_cast<double>(tap) * scales[o]) : tap;
+            }
           }
         // gw[i][k] = G[i] . (column k of the 3x3 kernel).
         for (int i = 0; i < alpha; ++i)
           for (int k = 0; k < 3; ++k) {
             double* out = gw.data() + (i * 3 + k) * lanes;
-            const double *w0 = taps.data() + k * lanes, *w1 = w0 + 3 * lanes, *w2 = w0 + 6 * lanes;
-            const double g0 = gm[i][0], g1 = gm[i][1], g2 = gm[i][2];
-            for (int64_t l = 0; l < lanes; ++l) out[l] = g0 * w0[l] + g1 * w1[l] + g2 * w2[l];
+            const double* w0 = taps.data() + k * lanes;
+            combine3(w0, w0 + 3 * lanes, w0 + 6 * lanes, gm[i][0], gm[i][1], gm[i][2], out, lanes, avx2);
           }
         for (int i = 0; i < alpha; ++i)
           for (int j = 0; j < alpha; ++j) {
             float* out = reinterpret_cast<float*>(weights_[static_cast<size_t>(i * alpha + j)].mutable_panel(panel)) +
                          c0 * width;
-            const double *r0 = gw.data() + (i * 3) * lanes, *r1 = r0 + lanes, *r2 = r1 + lanes;
-            const double g0 = gm[j][0], g1 = gm[j][1], g2 = gm[j][2];
-            for (int64_t l = 0; l < lanes; ++l) out[l] = static_cast<float>(r0[l] * g0 + r1[l] * g1 + r2[l] * g2);
+            const double* r0 = gw.data() + (i * 3) * lanes;
+            combine3(r0, r0 + lanes, r0 + 2 * lanes, gm[j][0], gm[j][1], gm[j][2], out, lanes, avx2);
           }
       }
     }

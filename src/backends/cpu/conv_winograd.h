@@ -22,9 +22,10 @@ class WinogradConv {
   // Whether Winograd beats the direct GEMM for this geometry (it needs enough channels to amortize transforms).
   static bool suitable(const Geometry& g);
   // Transforms and packs the weight [Cout, Cin, 3, 3] (fp32/fp16/bf16), over the pool's threads when one is given;
-  // reserves per-worker scratch.
+  // reserves per-worker scratch. With `channel_scales` (one per output channel), the weight transformed is
+  // float(w * scale) (a BatchNorm folded in on the way, as scale_rows folds it).
   WinogradConv(const Geometry& g, const std::byte* weight, Elem weight_elem, ScratchSpace& scratch,
-               ThreadPool* pool = nullptr);
+               ThreadPool* pool = nullptr, const double* channel_scales = nullptr);
   // Floats of workspace run() needs (the caller places it, e.g. in the shared scratch).
   int64_t workspace_floats() const;
   // One sample: out[Cout, out_h * out_w] = epilogue(conv(input [Cin, height, width])), bias per output channel
@@ -34,7 +35,7 @@ class WinogradConv {
 
  private:
   // U[xi] = G w G^T per transform point xi, computed in double and written straight into its packed place.
-  void transform_weights(const std::byte* weight, Elem weight_elem, ThreadPool* pool);
+  void transform_weights(const std::byte* weight, Elem weight_elem, ThreadPool* pool, const double* channel_scales);
 
   Geometry g_;
   int tile_ = 4;  // output tile side m; alpha = m + 2

@@ -109,6 +109,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     build_kernels();
     check_state_in_place();
     scratch_.allocate(pool_.size());
+    prefault_run_memory();
     for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
     count_prepare_cost(start);
   }
@@ -150,6 +151,25 @@ class CpuPreparedProgram final : public PreparedProgram {
     return outputs;
   }
 
+  // The memory a run writes, mapped now, in pieces over the pool: the first run then pays no page faults that later
+  // runs do not.
+  void prefault_run_memory() {
+    static constexpr size_t kPiece = size_t{2} << 20;
+    std::vector<std::pair<std::byte*, size_t>> pieces;
+    const auto add = [&pieces](const AlignedBuffer& buffer) {
+      if (buffer.size() < kPiece) return;  // a heap block, written when it was zeroed
+      for (size_t at = 0; at < buffer.size(); at += kPiece)
+        pieces.emplace_back(buffer.data() + at, std::min(kPiece, buffer.size() - at));
+    };
+    add(arena_);
+    add(scratch_.buffer());
+    for (const AlignedBuffer& buffer : owned_) add(buffer);
+    pool_.parallel_for(static_cast<int64_t>(pieces.size()), 1, [&pieces](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i)
+        prefault(pieces[static_cast<size_t>(i)].first, pieces[static_cast<size_t>(i)].second);
+    });
+  }
+
   void poison() {
     for (const AlignedBuffer* buffer : {static_cast<const AlignedBuffer*>(&arena_), &scratch_.buffer()})
       std::memset(buffer->data(), 0xff, buffer->size());
@@ -174,10 +194,68 @@ class CpuPreparedProgram final : public PreparedProgram {
  private:
   // ---- weights ----
 
+  // Every weight in storage form, except BatchNorm-folded weights that only convolutions read: those stay their
+  // (often mapped) source with a factor per output channel, which the convolution applies while it packs, so the
+  // weight is copied once and the folded copy never exists.
   void bind_weights(const std::vector<std::pair<ValueId, Tensor>>& binding) {
-    weights_ = resolve_weights(graph_, binding);
+    const std::vector<bool> foldable = foldable_while_packing();
+    ResolveOptions options;
+    options.threads = pool_.size();
+    options.leave_derived = [&foldable](ValueId id) { return foldable[static_cast<size_t>(id)]; };
+    weights_ = resolve_weights(graph_, binding, options);
+    row_scales_.assign(graph_.values.size(), {});
+    for (size_t i = 0; i < weights_.size(); ++i)
+      if (foldable[i] && !weights_[i].defined()) keep_source_with_scales(static_cast<ValueId>(i));
     for (size_t i = 0; i < weights_.size(); ++i)
       if (weights_[i].defined()) weights_[i] = to_storage_tensor(weights_[i], elem_of(static_cast<ValueId>(i)));
+  }
+
+  // By ValueId: a folded fp32 convolution weight (bn_fold_weight) that no other node or graph output reads.
+  std::vector<bool> foldable_while_packing() const {
+    std::vector<bool> foldable(graph_.values.size(), false);
+    for (ValueId id : graph_.weights) {
+      const Value& value = graph_.value(id);
+      foldable[static_cast<size_t>(id)] =
+          value.transform && value.transform->kind == "bn_fold_weight" && elem_of(id) == Elem::F32;
+    }
+    for (ValueId id : graph_.outputs) foldable[static_cast<size_t>(id)] = false;
+    for (const Node& node : graph_.nodes) {
+      const bool conv =
+          node.op == "conv2d" || node.op == "conv1d" || node.op == "convolution" || node.op == "fused_conv2d";
+      for (size_t i = 0; i < node.inputs.size(); ++i)
+        if (!conv || i != 1) foldable[static_cast<size_t>(node.inputs[i])] = false;
+    }
+    return foldable;
+  }
+
+  // The folded weight `id` as its fp32 source and the factors of its output channels (computed now when the source
+  // is stored otherwise).
+  void keep_source_with_scales(ValueId id) {
+    const Value& value = graph_.value(id);
+    const WeightTransform& transform = *value.transform;
+    std::vector<Tensor> sources;
+    for (int32_t source : transform.sources)
+      sources.push_back(source < 0 ? Tensor() : weights_[static_cast<size_t>(source)]);
+    const Tensor& source = sources.at(0);
+    if (source.dtype() != DType::Float32 || source.shape() != value.meta.shape) {
+      weights_[static_cast<size_t>(id)] = apply_weight_transform(transform, sources, value.name, pool_.size());
+      return;
+    }
+    row_scales_[static_cast<size_t>(id)] = bn_fold_scales(transform, sources, value.meta.shape.at(0), value.name);
+    weights_[static_cast<size_t>(id)] = source;
+  }
+
+  // Computes the folded weight `id` kept as its source (for a kernel that cannot apply the factors itself).
+  void materialize_scaled_weight(ValueId id) {
+    const auto index = static_cast<size_t>(id);
+    weights_[index] = scale_rows(weights_[index], row_scales_[index], pool_.size());
+    row_scales_[index].clear();
+    addresses_[index] = const_cast<std::byte*>(weights_[index].bytes());
+  }
+
+  bool reads_scaled_weight(const Node& node) const {
+    return std::any_of(node.inputs.begin(), node.inputs.end(),
+                       [this](ValueId id) { return !row_scales_[static_cast<size_t>(id)].empty(); });
   }
 
   // ---- buffers ----
@@ -263,11 +341,16 @@ class CpuPreparedProgram final : public PreparedProgram {
   // ---- kernels ----
 
   KernelContext context_for(const Node& node) {
-    KernelContext ctx{node, {}, {}, pool_, scratch_, &options_, {}};
+    KernelContext ctx{node, {}, {}, pool_, scratch_, &options_, {}, {}};
     for (ValueId id : node.inputs) {
       ctx.inputs.push_back(buffer(id));
       ctx.constant_inputs.push_back(graph_.value(id).kind == ValueKind::Weight);
     }
+    if (reads_scaled_weight(node))
+      for (ValueId id : node.inputs) {
+        const std::vector<double>& scales = row_scales_[static_cast<size_t>(id)];
+        ctx.row_scales.push_back(scales.empty() ? nullptr : scales.data());
+      }
     for (ValueId id : node.outputs) ctx.outputs.push_back(buffer(id));
     return ctx;
   }
@@ -311,6 +394,11 @@ class CpuPreparedProgram final : public PreparedProgram {
     const PackingArenaScope packing(packed_weights_);
     for (const Node& node : graph_.nodes) {
       PreparedKernel prepared = make_kernel(context_for(node));
+      if (!prepared.kernel.applies_row_scales && reads_scaled_weight(node)) {
+        for (ValueId id : node.inputs)
+          if (!row_scales_[static_cast<size_t>(id)].empty()) materialize_scaled_weight(id);
+        prepared = make_kernel(context_for(node));
+      }
       const std::vector<size_t> conflicts = conflicting_outputs(context_for(node), prepared.kernel);
       if (!conflicts.empty()) {
         for (size_t o : conflicts) {
@@ -344,6 +432,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     packed_weights_ = std::make_shared<ZeroedArena>();  // the old kernels' packed weights go with them
     build_kernels();
     scratch_.allocate(pool_.size());
+    prefault_run_memory();
     for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
     check_state_in_place();
     count_prepare_cost(start);
@@ -477,8 +566,10 @@ class CpuPreparedProgram final : public PreparedProgram {
   AlignedBuffer arena_;
   std::vector<AlignedBuffer> owned_;  // persistent buffers, outputs nobody reads, values moved out of the arena
   size_t owned_bytes_ = 0;
-  std::vector<Elem> elems_;            // by ValueId: how each value is stored
-  std::vector<Tensor> weights_;        // by ValueId, in storage form
+  std::vector<Elem> elems_;      // by ValueId: how each value is stored
+  std::vector<Tensor> weights_;  // by ValueId, in storage form
+  // By ValueId: for a folded weight kept as its source (weights_), the factor of each output channel; else empty.
+  std::vector<std::vector<double>> row_scales_;
   std::vector<std::byte*> addresses_;  // by ValueId; unused for views
   std::vector<ValueId> view_of_;       // by ValueId: the value a view aliases, or kNoValue
   std::vector<PreparedKernel> kernels_;

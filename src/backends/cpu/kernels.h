@@ -68,6 +68,12 @@ struct KernelContext {
   ScratchSpace& scratch;
   const CpuOptions* options = nullptr;  // the backend's options; null: the defaults
   std::vector<bool> constant_inputs;    // by input index: a weight, fixed for the life of the prepared program
+  // By input index (empty: none): for a weight the backend keeps as its unscaled source, the factor of each row along
+  // dim 0; the weight's value is float(source * factor). A factory that folds the factors into the layout it packs
+  // says so (Kernel::applies_row_scales); for any other, the backend computes the weight and asks again.
+  std::vector<const double*> row_scales;
+
+  const double* row_scales_of(size_t input) const { return input < row_scales.size() ? row_scales[input] : nullptr; }
 };
 
 struct Kernel {
@@ -77,6 +83,8 @@ struct Kernel {
   std::vector<size_t> shareable_inputs;
   // Every output already is the input it would copy (a view at the same address): running changes nothing.
   bool writes_nothing = false;
+  // The kernel reads the inputs that come with row scales (KernelContext::row_scales) as the values they stand for.
+  bool applies_row_scales = false;
 };
 
 using KernelFactory = std::function<std::optional<Kernel>(const KernelContext&)>;

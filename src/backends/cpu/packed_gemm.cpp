@@ -648,9 +648,73 @@ PackingArenaScope::PackingArenaScope(std::shared_ptr<ZeroedArena> arena) : previ
 
 PackingArenaScope::~PackingArenaScope() { g_packing_arena = std::move(previous_); }
 
+namespace {
+
+// Lines [first, first + live) of an fp32 panel (`depth` steps of `width` values) multiplied by their scales in place.
+[[gnu::always_inline]] inline void scale_panel_body(float* panel, int64_t width, int64_t live, int64_t depth,
+                                                    const double* scales) {
+  for (int64_t p = 0; p < depth; ++p) {
+    float* step = panel + p * width;
+    for (int64_t i = 0; i < live; ++i) step[i] = static_cast<float>(static_cast<double>(step[i]) * scales[i]);
+  }
+}
+
+void scale_panel_plain(float* panel, int64_t width, int64_t live, int64_t depth, const double* scales) {
+  scale_panel_body(panel, width, live, depth, scales);
+}
+
+#ifdef NPUSIM_GEMM_X86
+// A panel of 6 or 16 lines: the scales of a whole number of steps fill whole vectors (24 or 16 values).
+__attribute__((target("avx2"))) void scale_panel_avx2(float* panel, int64_t width, int64_t live, int64_t depth,
+                                                      const double* scales) {
+  if (live != width || (width != kGemmTileRows && width != kGemmTileCols))
+    return scale_panel_body(panel, width, live, depth, scales);
+  const int64_t steps_per_block = width == kGemmTileRows ? 4 : 1, block = steps_per_block * width;
+  alignas(32) double pattern[24];
+  for (int64_t j = 0; j < block; ++j) pattern[j] = scales[j % width];
+  int64_t p = 0;
+  for (; p + steps_per_block <= depth; p += steps_per_block) {
+    float* values = panel + p * width;
+    for (int64_t j = 0; j < block; j += 4) {
+      const __m256d wide = _mm256_cvtps_pd(_mm_loadu_ps(values + j));
+      _mm_storeu_ps(values + j, _mm256_cvtpd_ps(_mm256_mul_pd(wide, _mm256_load_pd(pattern + j))));
+    }
+  }
+  scale_panel_body(panel + p * width, width, live, depth - p, scales);
+}
+#endif
+
+void scale_panel(float* panel, int64_t width, int64_t live, int64_t depth, const double* scales, bool avx2) {
+#ifdef NPUSIM_GEMM_X86
+  if (avx2) return scale_panel_avx2(panel, width, live, depth, scales);
+#endif
+  (void)avx2;
+  scale_panel_plain(panel, width, live, depth, scales);
+}
+
+}  // namespace
+
+void prefault_storage(const std::vector<PackedMatrix*>& matrices, ThreadPool* pool) {
+  constexpr size_t kPiece = size_t{512} << 10;
+  std::vector<std::pair<std::byte*, size_t>> pieces;
+  for (PackedMatrix* m : matrices)
+    for (size_t at = 0; at < m->bytes(); at += kPiece)
+      pieces.emplace_back(m->mutable_panel(0) + at, std::min(kPiece, m->bytes() - at));
+  const auto fault_in = [&pieces](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i)
+      prefault(pieces[static_cast<size_t>(i)].first, pieces[static_cast<size_t>(i)].second);
+  };
+  if (pool)
+    pool->parallel_for(static_cast<int64_t>(pieces.size()), 1, fault_in);
+  else
+    fault_in(0, static_cast<int64_t>(pieces.size()), 0);
+}
+
 PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem, int64_t rows, int64_t cols, int64_t ld,
-                                bool transposed, ThreadPool* pool) {
+                                bool transposed, ThreadPool* pool, const double* line_scales) {
+  require(!line_scales || elem == Elem::F32, "scaled lines are packed from fp32 only");
   PackedMatrix m = zeroed(side, elem, rows, cols);  // the padding stays zero
+  prefault_storage({&m}, pool);
   if (ld == 0) ld = transposed ? rows : cols;
   require(ld >= (transposed ? rows : cols), "the row stride is smaller than a row");
   const int64_t width = side == GemmSide::A ? MR : NR;
@@ -669,12 +733,20 @@ PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem,
     else
       pack_panels(0, panels);
   };
+  // The panel just written, while it is still in the cache.
+  const auto scale_lines = [&](int64_t panel) {
+    if (line_scales)
+      scale_panel(reinterpret_cast<float*>(m.mutable_panel(panel)), width, std::min(width, extent - panel * width),
+                  depth, line_scales + panel * width, avx2);
+  };
   if (rows_are_lines && elem == Elem::F32) {  // 8x8 register transposes
     over_panels([&](int64_t begin, int64_t end) {
-      for (int64_t panel = begin; panel < end; ++panel)
+      for (int64_t panel = begin; panel < end; ++panel) {
         pack_widened_lines(data + static_cast<size_t>(panel * width * ld) * es, static_cast<size_t>(ld) * es, elem,
                            std::min(width, extent - panel * width), width, depth,
                            reinterpret_cast<float*>(m.mutable_panel(panel)), avx2);
+        scale_lines(panel);
+      }
     });
     return m;
   }
@@ -703,6 +775,7 @@ PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem,
       pack_as.template operator()<uint32_t>(begin, end);
     else
       pack_as.template operator()<uint16_t>(begin, end);
+    for (int64_t panel = begin; panel < end; ++panel) scale_lines(panel);
   });
   return m;
 }

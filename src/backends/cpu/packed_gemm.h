@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <variant>
+#include <vector>
 
 #include "backends/cpu/kernels.h"
 #include "core/zeroed_memory.h"
@@ -38,8 +39,10 @@ class PackedMatrix {
   // data[r * ld + c], or data[c * ld + r] when `transposed` (a linear weight [n, k] used as B); ld 0 means dense.
   // `elem` is F32, F16 or BF16 and stays the panels' type. With a pool, its threads share the panels (at prepare
   // time most of the cost is the first touch of fresh pages, which two threads take about twice as fast).
+  // With `line_scales` (fp32 only), line l (row l of A, column l of B) is stored multiplied by line_scales[l], each
+  // value rounded once from double (a BatchNorm folded into the weight while it is packed, as scale_rows folds it).
   static PackedMatrix pack(GemmSide side, const std::byte* data, Elem elem, int64_t rows, int64_t cols, int64_t ld = 0,
-                           bool transposed = false, ThreadPool* pool = nullptr);
+                           bool transposed = false, ThreadPool* pool = nullptr, const double* line_scales = nullptr);
   // An all-zero packed operand for callers that compute the values straight into their packed places (see
   // offset_of), so that the logical matrix never exists on its own.
   static PackedMatrix zeroed(GemmSide side, Elem elem, int64_t rows, int64_t cols);
@@ -70,6 +73,10 @@ class PackedMatrix {
   std::byte* data_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// Maps the storage of freshly made packed operands in before they are written, in pieces over the pool's threads
+// (one call per piece: cheaper than a page fault at the first write of each 4 KiB page).
+void prefault_storage(const std::vector<PackedMatrix*>& matrices, ThreadPool* pool);
 
 // While a scope is alive, the PackedMatrix::pack and ::zeroed calls of its thread take their storage from `arena`
 // (each matrix keeps the arena alive), so that the weights a program packs at prepare time share a few large
