@@ -190,6 +190,13 @@ std::vector<Case> nn_cases() {
       attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "decode heads over two blocks"));
   cases.push_back(make("attention", {f({1, 6, 1, 32}), f({1, 2, 160, 32}), f({1, 2, 160, 32}), ints({1}, 20, 21)},
                        attrs({{"has_cache_position", B(true)}}), "decode one run"));
+  // Several query rows per head, in blocks of four positions (33 leaves a partial block).
+  cases.push_back(make("attention", {f({2, 4, 33, 16}), f({2, 2, 33, 16}), f({2, 2, 33, 16})},
+                       attrs({{"is_causal", B(true)}}), "causal rows in blocks"));
+  cases.push_back(
+      make("attention",
+           {f({1, 6, 19, 32}), f({1, 2, 300, 32}), f({1, 2, 300, 32}), f({1, 1, 19, 300}), ints({19}, 100, 120)},
+           attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "prefill chunk on a cache"));
   cases.push_back(make("attention", {f({2, 3, 40, 16}), f({2, 3, 200, 16}), f({2, 3, 200, 16})}, {}, "long rows"));
   cases.push_back(make("rotary_embedding", {w({4}), ints({2, 7}, 0, 4096)}, attrs({{"attention_scaling", F(0.75)}})));
   return cases;

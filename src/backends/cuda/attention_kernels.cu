@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -25,12 +26,15 @@ constexpr int64_t kAttentionChunk = 128;               // value features summed 
 constexpr int64_t kAttentionSharedFloats = 12 * 1024;  // 48 KB
 
 // Key positions a query reads: all of them, or 0..max(cache_position) (read on the device, so that a replayed
-// CUDA graph follows the position).
+// CUDA graph follows the position). Every lane of a warp calls it: the lanes read the positions together (a prefill
+// chunk has one per query row).
 __device__ int64_t attended_keys(const AttentionParams& p) {
   if (!p.cache_position || p.cache_position_count == 0) return p.source;
-  int64_t last = p.cache_position[0];
-  for (int64_t j = 1; j < p.cache_position_count; ++j) last = max(last, p.cache_position[j]);
-  return min(max(last + 1, int64_t{0}), p.source);
+  long long last = LLONG_MIN;
+  for (int64_t j = threadIdx.x % 32; j < p.cache_position_count; j += 32)
+    last = max(last, static_cast<long long>(p.cache_position[j]));
+  for (int offset = 16; offset > 0; offset /= 2) last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
+  return min(max(static_cast<int64_t>(last) + 1, int64_t{0}), p.source);
 }
 
 // What the mask adds to the score of query row `row` against key j: 0 without a mask, -inf where a bool mask is
@@ -240,6 +244,8 @@ constexpr int kDecodeWarps = kDecodeThreads / 32;
 // context: 2, 4 and 6 heads made context 128 4-20% slower (a block's serial work grows with its heads) and context
 // 8192 no faster (the other heads' reads of the same rows hit the L2 cache).
 constexpr int kDecodeHeadsPerBlock = 1;
+// Query positions of one head per block when there are several (prefill): they share every key and value tile.
+constexpr int kPrefillRowsPerBlock = 4;
 constexpr int kDecodeMaxTile = 64;               // keys per tile (the softmax takes two per lane)
 constexpr int kDecodeMaxSplits = 32;             // runs per head group (the last one combines them)
 constexpr int64_t kDecodeTileBytes = 32 * 1024;  // one tile's key and value rows
@@ -276,15 +282,16 @@ __device__ __forceinline__ float finished_value(const AttentionParams& p, float 
   return weighted / sum;
 }
 
-// Key (or value) row `row` of a tile, 16-byte vector `column`: the vectors of consecutive rows are rotated over the
-// shared-memory banks (rows of a multiple of 8 vectors), so that lanes reading one column of several rows do not
-// conflict.
-__device__ __forceinline__ int64_t tile_slot(int64_t row, int64_t column, int64_t vectors) {
-  return row * vectors + (vectors % 8 == 0 ? column ^ (row & 7) : column);
+// Key (or value) row `row` of a tile, 16-byte vector `column`: in rows of a multiple of 8 vectors, each group of 8 is
+// permuted by the row (an XOR with 0, 4, 1, 5, 2, 6, 3, 7 for rows 0..7), so that lanes reading a few columns of two
+// neighbouring rows, or every column of one row, fall on different shared-memory banks.
+__device__ __forceinline__ int tile_slot(int row, int column, int vectors) {
+  const int permutation = ((row & 1) << 2) | ((row >> 1) & 3);
+  return row * vectors + (vectors % 8 == 0 ? column ^ permutation : column);
 }
 
 template <typename T, int Heads>
-__global__ void __launch_bounds__(kDecodeThreads)
+__global__ void __launch_bounds__(kDecodeThreads, 2)
     decode_attention_kernel(AttentionParams p, DecodePlan plan, Operand q, const T* k, const T* v, void* out,
                             int out_elem, float* stats, float* values, unsigned* counters) {
   constexpr int kPerVector = 16 / sizeof(T);
@@ -292,13 +299,22 @@ __global__ void __launch_bounds__(kDecodeThreads)
   auto* shared = reinterpret_cast<unsigned char*>(decode_shared);
   allow_dependent_launch();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // A block's query rows share one key/value head: with one query row per head (decode) they are heads of one
+  // group, else consecutive positions of one head. Rows are numbered as q's [batch, head, position] flattening.
+  const bool rows_are_heads = p.length == 1;
   const int64_t group = p.q_heads / p.k_heads, block_group = blockIdx.x;
-  const int64_t chunk = block_group % plan.chunks, kv = (block_group / plan.chunks) % p.k_heads,
-                b = block_group / (plan.chunks * p.k_heads);
-  const int heads = static_cast<int>(min(static_cast<int64_t>(Heads), group - chunk * Heads));
-  const int64_t first_row = b * p.q_heads + kv * group + chunk * Heads;  // (batch, head) row of head 0
+  const int64_t segment_rows = rows_are_heads ? group : p.length, segments = rows_are_heads ? p.k_heads : p.q_heads;
+  const int64_t chunk = block_group % plan.chunks, segment = (block_group / plan.chunks) % segments,
+                b = block_group / (plan.chunks * segments);
+  const int64_t kv = rows_are_heads ? segment : segment / group;
+  const int heads = static_cast<int>(min(static_cast<int64_t>(Heads), segment_rows - chunk * Heads));
+  const int64_t first_in_batch = segment * segment_rows + chunk * Heads;
+  const int64_t first_row = b * p.q_heads * p.length + first_in_batch;
+  auto head_of = [&](int g) { return rows_are_heads ? first_in_batch + g : segment; };
+  auto position_of = [&](int g) { return rows_are_heads ? int64_t{0} : chunk * Heads + g; };
   const int tile = plan.tile;
-  const int64_t key_vectors = p.embed / kPerVector, value_vectors = p.value_embed / kPerVector;
+  const int key_vectors = static_cast<int>(p.embed / kPerVector),
+            value_vectors = static_cast<int>(p.value_embed / kPerVector);
 
   auto* query = reinterpret_cast<float*>(shared + plan.query_offset);  // [heads][embed]
   auto* key_tiles = reinterpret_cast<uint4*>(shared + plan.tiles_offset);
@@ -326,19 +342,26 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   const uint4* key_rows = reinterpret_cast<const uint4*>(k + (b * p.k_heads + kv) * p.source * p.embed);
   const uint4* value_rows = reinterpret_cast<const uint4*>(v + (b * p.v_heads + kv) * p.source * p.value_embed);
-  auto copy_tile = [&](int64_t start, int buffer) {
-    for (int64_t i = tid; i < tile * key_vectors; i += blockDim.x) {
-      const int64_t row = i / key_vectors, column = i % key_vectors;
+  // Each thread copies the vectors tid, tid + kDecodeThreads, ... of a tile's rows (row and column stepped without
+  // dividing).
+  auto copy_rows = [&](const uint4* source, uint4* tile_base, int vectors, int64_t start) {
+    int row = tid / vectors, column = tid % vectors;
+    const int row_step = kDecodeThreads / vectors, column_step = kDecodeThreads % vectors;
+    while (row < tile) {
       const bool valid = start + row < end;  // rows past the run are zero-filled
-      copy_async_16(key_tiles + buffer * tile * key_vectors + tile_slot(row, column, key_vectors),
-                    key_rows + (valid ? start + row : 0) * key_vectors + column, valid);
+      copy_async_16(tile_base + tile_slot(row, column, vectors), source + (valid ? start + row : 0) * vectors + column,
+                    valid);
+      row += row_step;
+      column += column_step;
+      if (column >= vectors) {
+        column -= vectors;
+        ++row;
+      }
     }
-    for (int64_t i = tid; i < tile * value_vectors; i += blockDim.x) {
-      const int64_t row = i / value_vectors, column = i % value_vectors;
-      const bool valid = start + row < end;
-      copy_async_16(value_tiles + buffer * tile * value_vectors + tile_slot(row, column, value_vectors),
-                    value_rows + (valid ? start + row : 0) * value_vectors + column, valid);
-    }
+  };
+  auto copy_tile = [&](int64_t start, int buffer) {
+    copy_rows(key_rows, key_tiles + buffer * tile * key_vectors, key_vectors, start);
+    copy_rows(value_rows, value_tiles + buffer * tile * value_vectors, value_vectors, start);
     commit_async_copies();
   };
 
@@ -348,13 +371,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int key_row = tid / threads_per_key, key_part = tid % threads_per_key;
   const int streams = static_cast<int>(kDecodeThreads / value_vectors);
   const int stream = static_cast<int>(tid / value_vectors), value_column = static_cast<int>(tid % value_vectors);
-  // The mask terms of this lane's key for each head (one load when the mask is the same for every head).
+  // The mask terms of this lane's key for each row (one load when the mask is the same for all the block's rows).
+  const bool one_mask = rows_are_heads ? p.mask_head_stride == 0 : p.mask_row_stride == 0;
   auto load_masks = [&](int64_t start, float(&mask)[Heads]) {
     const int64_t key = start + key_row;
 #pragma unroll
     for (int g = 0; g < Heads; ++g)
-      mask[g] = key_part == 0 && key < end && g < heads && (g == 0 || p.mask_head_stride != 0)
-                    ? mask_term(p, b, first_row % p.q_heads + g, 0, key)
+      mask[g] = key_part == 0 && key < end && g < heads && (g == 0 || !one_mask)
+                    ? mask_term(p, b, head_of(g), position_of(g), key)
                     : 0.0f;
   };
 
@@ -381,7 +405,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     __syncthreads();
 
     float dot[Heads] = {};
-    for (int64_t column = key_part; column < key_vectors; column += threads_per_key) {
+    for (int column = key_part; column < key_vectors; column += threads_per_key) {
       const uint4 raw = key_tiles[buffer * tile * key_vectors + tile_slot(key_row, column, key_vectors)];
       const T* elements = reinterpret_cast<const T*>(&raw);
       float key[kPerVector];
@@ -408,7 +432,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       for (int g = 0; g < Heads; ++g)
         if (g < heads)
           scores[g * tile + key_row] =
-              key < end ? masked_score(p, dot[g], p.mask_head_stride == 0 ? mask_now[0] : mask_now[g], 0, key)
+              key < end ? masked_score(p, dot[g], one_mask ? mask_now[0] : mask_now[g], position_of(g), key)
                         : -INFINITY;
     }
     __syncthreads();
@@ -546,10 +570,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
-// The decode kernel's shape for these parameters and storage, or nullopt where it does not apply (more than one
-// query row, key and value head counts that differ, rows that are not whole 16-byte vectors, very wide rows).
-std::optional<DecodePlan> decode_plan(const AttentionParams& p, int elem, const void* k, const void* v) {
-  if (p.length != 1 || elem > kBF16 || p.k_heads != p.v_heads || p.q_heads % p.k_heads != 0) return std::nullopt;
+// The tiled kernel's shape for these parameters and storage, or nullopt where it does not apply (key and value head
+// counts that differ, rows that are not whole 16-byte vectors, very wide rows, or one query row per head without
+// scratch for the runs' partial sums). Several query rows per head take one run per block (no combine).
+std::optional<DecodePlan> decode_plan(const AttentionParams& p, int elem, const void* k, const void* v,
+                                      bool has_scratch) {
+  if (p.length < 1 || (p.length == 1 && !has_scratch) || elem > kBF16 || p.k_heads != p.v_heads ||
+      p.q_heads % p.k_heads != 0)
+    return std::nullopt;
   const int64_t size = elem == kF32 ? 4 : 2, per_vector = 16 / size;
   const auto aligned = [](const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; };
   if (p.embed % per_vector != 0 || p.value_embed % per_vector != 0 || p.embed > kDecodeMaxEmbed ||
@@ -557,12 +585,14 @@ std::optional<DecodePlan> decode_plan(const AttentionParams& p, int elem, const 
     return std::nullopt;
   DecodePlan plan{};
   const int64_t group = p.q_heads / p.k_heads;
-  plan.heads = kDecodeHeadsPerBlock;
-  plan.chunks = static_cast<int>((group + plan.heads - 1) / plan.heads);
+  plan.heads = p.length == 1 ? kDecodeHeadsPerBlock : kPrefillRowsPerBlock;
+  const int64_t segment_rows = p.length == 1 ? group : p.length;
+  plan.chunks = static_cast<int>((segment_rows + plan.heads - 1) / plan.heads);
   const int64_t row_bytes = (p.embed + p.value_embed) * size;
   plan.tile = kDecodeMaxTile;
   while (plan.tile > 8 && plan.tile * row_bytes > kDecodeTileBytes) plan.tile /= 2;
-  plan.splits = static_cast<int>(std::min<int64_t>((p.source + plan.tile - 1) / plan.tile, kDecodeMaxSplits));
+  plan.splits =
+      p.length == 1 ? static_cast<int>(std::min<int64_t>((p.source + plan.tile - 1) / plan.tile, kDecodeMaxSplits)) : 1;
   const int64_t streams = kDecodeThreads / (p.value_embed / per_vector);
   const auto round16 = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
   plan.query_offset = 0;
@@ -588,10 +618,24 @@ cudaError_t launch_decode_typed(cudaStream_t stream, const AttentionParams& p, c
   float* stats = scratch;
   float* values = scratch + rows * plan.splits * 2;
   auto* counters = reinterpret_cast<unsigned*>(values + rows * plan.splits * p.value_embed);
-  const dim3 grid(static_cast<unsigned>(p.batch * p.k_heads * plan.chunks), static_cast<unsigned>(plan.splits));
+  const int64_t segments = p.length == 1 ? p.k_heads : p.q_heads;
+  const dim3 grid(static_cast<unsigned>(p.batch * segments * plan.chunks), static_cast<unsigned>(plan.splits));
   return launch_dependent(decode_attention_kernel<T, Heads>, grid, kDecodeThreads, plan.shared_bytes, stream, p, plan,
                           q, static_cast<const T*>(k), static_cast<const T*>(v), out, out_elem, stats, values,
                           counters);
+}
+
+template <int Rows>
+cudaError_t launch_tiled(cudaStream_t stream, const AttentionParams& p, const DecodePlan& plan, int elem, void* out,
+                         int out_elem, Operand q, Operand k, Operand v, float* scratch) {
+  switch (elem) {
+    case kF32:
+      return launch_decode_typed<float, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
+    case kF16:
+      return launch_decode_typed<__half, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
+    default:
+      return launch_decode_typed<__nv_bfloat16, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
+  }
 }
 
 }  // namespace
@@ -609,20 +653,13 @@ cudaError_t launch_attention(cudaStream_t stream, const AttentionParams& p, void
                              Operand k, Operand v, float* scratch) {
   const int64_t rows = p.batch * p.q_heads * p.length;
   if (rows <= 0) return cudaGetLastError();
-  if (scratch && attention_scratch_floats(p) > 0) {
-    if (const auto plan = k.elem == v.elem ? decode_plan(p, k.elem, k.data, v.data) : std::nullopt) {
-      switch (k.elem) {
-        case kF32:
-          return launch_decode_typed<float, kDecodeHeadsPerBlock>(stream, p, *plan, out, out_elem, q, k.data, v.data,
-                                                                  scratch);
-        case kF16:
-          return launch_decode_typed<__half, kDecodeHeadsPerBlock>(stream, p, *plan, out, out_elem, q, k.data, v.data,
-                                                                   scratch);
-        default:
-          return launch_decode_typed<__nv_bfloat16, kDecodeHeadsPerBlock>(stream, p, *plan, out, out_elem, q, k.data,
-                                                                          v.data, scratch);
-      }
-    }
+  const bool split_scratch = scratch && attention_scratch_floats(p) > 0;
+  if (const auto plan = k.elem == v.elem ? decode_plan(p, k.elem, k.data, v.data, split_scratch) : std::nullopt) {
+    if (p.length == 1)
+      return launch_tiled<kDecodeHeadsPerBlock>(stream, p, *plan, k.elem, out, out_elem, q, k, v, scratch);
+    return launch_tiled<kPrefillRowsPerBlock>(stream, p, *plan, k.elem, out, out_elem, q, k, v, scratch);
+  }
+  if (split_scratch) {
     const int64_t splits = (p.source + kSplitKeys - 1) / kSplitKeys;
     float* stats = scratch;
     float* values = scratch + rows * splits * 2;
