@@ -32,6 +32,7 @@ def main():
         positions = torch.arange(args.context, device="cuda")
         prefill_times = []
         for _ in range(5):  # the prompt, eager, logits of the last position only (time to first token)
+            cache.reset()
             torch.cuda.synchronize()
             start = time.perf_counter()
             logits = model(ids, past_key_values=cache, cache_position=positions, use_cache=True,
