@@ -228,6 +228,18 @@ TEST(CudaConformance, EveryKernelHasACase) {
 // Decode GEMV fusion: one-row linears reading the same row run as one batched GEMV (a residual add folded into
 // its linear), a gate/up pair with its silu_mul as one gated GEMV.
 
+// Appends an `op` node named `name` to b's graph, with its output shape inferred, and returns its output.
+ValueId add_node(Built& b, const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
+  std::vector<TensorMeta> metas;
+  for (ValueId id : inputs) metas.push_back(b.graph.value(id).meta);
+  const OpDef* def = OpRegistry::instance().find(op);
+  OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
+  Node made = compiler::make_node(b.graph, op, name, a, inputs, def->infer(a, metas), {name});
+  const ValueId out = made.outputs[0];
+  b.graph.nodes.push_back(std::move(made));
+  return out;
+}
+
 struct DecodeBlock {
   Built built;
   size_t unfused_kernels = 0;
@@ -244,15 +256,8 @@ DecodeBlock decode_block(DType storage, int64_t k, bool norms) {
     return add_operand(b, name, Operand{shape, DType::Float32, weight}, seed++, storage);
   };
   auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
-    std::vector<TensorMeta> metas;
-    for (ValueId id : inputs) metas.push_back(b.graph.value(id).meta);
-    const OpDef* def = OpRegistry::instance().find(op);
-    OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
-    Node made = compiler::make_node(b.graph, op, name, a, inputs, def->infer(a, metas), {name});
-    const ValueId out = made.outputs[0];
-    b.graph.nodes.push_back(std::move(made));
     ++block.unfused_kernels;
-    return out;
+    return add_node(b, op, name, std::move(inputs), std::move(a));
   };
   const ValueId x = value("x", {1, 1, k}, false), residual = value("residual", {1, 1, 40}, false);
   auto row = [&](const std::string& name) {
@@ -320,14 +325,7 @@ Built rope_cache_block(DType storage) {
     return add_operand(b, name, operand, seed++, storage);
   };
   auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
-    std::vector<TensorMeta> metas;
-    for (ValueId id : inputs) metas.push_back(b.graph.value(id).meta);
-    const OpDef* def = OpRegistry::instance().find(op);
-    OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
-    Node made = compiler::make_node(b.graph, op, name, a, inputs, def->infer(a, metas), {name});
-    const ValueId out = made.outputs[0];
-    b.graph.nodes.push_back(std::move(made));
-    return out;
+    return add_node(b, op, name, std::move(inputs), std::move(a));
   };
   const ValueId q = input("q", f({1, 4, 1, 10})), k = input("k", f({1, 2, 1, 10})), v = input("v", f({1, 2, 1, 6}));
   const ValueId cos = input("cos", f({1, 1, 1, 10})), sin = input("sin", f({1, 1, 1, 10}));

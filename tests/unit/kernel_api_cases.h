@@ -14,6 +14,7 @@
 
 #include "npusim/error.h"
 #include "npusim/kernel_api.h"
+#include "unit/error_expectations.h"
 
 namespace npusim::kernels::test {
 
@@ -42,16 +43,7 @@ inline Tensor float_tensor(Shape shape, const std::function<float(int64_t)>& val
 }
 
 // Runs `action`, expecting an npusim::Error whose message contains every one of `parts`.
-inline void expect_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
-  try {
-    action();
-    ADD_FAILURE() << "no error was raised; expected one mentioning '" << parts.front() << "'";
-  } catch (const Error& error) {
-    const std::string message = error.what();
-    for (const std::string& part : parts)
-      EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' missing from: " << message;
-  }
-}
+using npusim::test::expect_error;
 
 inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 

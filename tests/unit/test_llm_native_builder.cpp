@@ -9,6 +9,7 @@
 
 #include "llm/model_dir.h"
 #include "llm/native_builder.h"
+#include "unit/error_expectations.h"
 
 namespace npusim {
 namespace {
@@ -43,15 +44,7 @@ const Node& node_named(const Graph& graph, const std::string& name) {
   throw std::runtime_error("no node " + name);
 }
 
-void expect_error(const std::function<void()>& action, const std::vector<std::string>& fragments) {
-  try {
-    action();
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& error) {
-    for (const std::string& fragment : fragments)
-      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-  }
-}
+using npusim::test::expect_error;
 
 TEST(NativeBuilder, DecodeStepInputsOutputsAndCaches) {
   const Graph graph = build_native_graph(qwen2(), {.tokens = 1, .context = 16});

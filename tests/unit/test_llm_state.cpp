@@ -9,6 +9,7 @@
 #include "compiler/memory_plan.h"
 #include "npusim/op_registry.h"
 #include "runtime/backend.h"
+#include "unit/error_expectations.h"
 
 namespace npusim {
 namespace {
@@ -83,15 +84,7 @@ std::vector<float> values_of(const Tensor& t) {
   return {f.data<float>(), f.data<float>() + f.numel()};
 }
 
-void expect_error(const std::function<void()>& action, const std::vector<std::string>& fragments) {
-  try {
-    action();
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& error) {
-    for (const std::string& fragment : fragments)
-      EXPECT_NE(std::string(error.what()).find(fragment), std::string::npos) << error.what();
-  }
-}
+using npusim::test::expect_error;
 
 const std::vector<std::pair<std::string, std::string>> kPairs = {{"cache", "cache_out"}};
 

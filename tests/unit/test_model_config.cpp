@@ -9,6 +9,7 @@
 
 #include "llm/model_config.h"
 #include "npusim/error.h"
+#include "unit/error_expectations.h"
 
 using namespace npusim;
 
@@ -39,16 +40,7 @@ void expect_inv_freq(const std::vector<float>& actual, const std::vector<float>&
     EXPECT_NEAR(actual[i], expected[i], 1e-6 * std::abs(expected[i])) << "index " << i;
 }
 
-void expect_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
-  try {
-    action();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& part : parts)
-      EXPECT_NE(message.find(part), std::string::npos) << "expected '" << part << "' in: " << message;
-  }
-}
+using npusim::test::expect_error;
 
 // torch 1.13: 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)), then the scaling
 // formulas of transformers' modeling_rope_utils, evaluated with torch tensors.

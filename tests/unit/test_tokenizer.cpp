@@ -16,6 +16,7 @@
 #include "llm/tokenizer_unicode.h"
 #include "llm/utf8_stream.h"
 #include "npusim/error.h"
+#include "unit/error_expectations.h"
 
 using namespace npusim;
 using Json = nlohmann::json;
@@ -106,16 +107,7 @@ Tokenizer make(const Json& file, const std::string& config = "") {
   return Tokenizer::parse(file.dump(), "tiny/tokenizer.json", config, "tiny/tokenizer_config.json");
 }
 
-void expect_error(const std::function<void()>& action, const std::vector<std::string>& parts) {
-  try {
-    action();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    const std::string message = e.what();
-    for (const std::string& part : parts)
-      EXPECT_NE(message.find(part), std::string::npos) << "expected '" << part << "' in: " << message;
-  }
-}
+using npusim::test::expect_error;
 
 std::vector<std::string> split(const std::string& text, SplitPattern pattern) {
   std::vector<std::string_view> pieces;
