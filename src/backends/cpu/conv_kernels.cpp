@@ -103,6 +103,7 @@ struct ConvPlan {
   std::optional<WinogradConv> winograd;  // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
   // Offsets (in floats) into the shared scratch; -1 when not needed.
   int64_t x_scratch = -1, bias_scratch = -1, c_scratch = -1, winograd_scratch = -1;
+  int64_t phases_scratch = -1;  // the input split by stride phases, when that packs the patches faster
 };
 
 // The epilogue's share of an activation: ReLU and clamps run inside the GEMM, anything else afterwards.
@@ -119,6 +120,12 @@ void split_activation(ConvPlan& p, std::optional<UnaryStep> activation) {
   }
 }
 
+// The patch matrix of one group of channels starting at `x` (null at prepare time).
+Im2colOperand patches_of(const ConvGeometry& g, const float* x) {
+  return Im2colOperand{x,           g.group_in(), g.in[0],  g.in[1],       g.kernel[0],   g.kernel[1], g.stride[0],
+                       g.stride[1], g.pad[0],     g.pad[1], g.dilation[0], g.dilation[1], g.out[0],    g.out[1]};
+}
+
 // One sample's group through the packed GEMM: weight rows of the group times its patch matrix.
 void run_group_gemm(const ConvPlan& p, int64_t group, const std::byte* x_bytes, const float* x, const GemmOutput& c,
                     const GemmEpilogue& epilogue, ThreadPool& pool, const ScratchSpace& scratch) {
@@ -132,20 +139,13 @@ void run_group_gemm(const ConvPlan& p, int64_t group, const std::byte* x_bytes, 
   if (g.pointwise()) {
     b = StridedOperand{x_bytes + static_cast<size_t>(group * g.group_in() * g.in_plane()) * x_es, p.x.elem, pixels};
   } else {
-    b = Im2colOperand{x + group * g.group_in() * g.in_plane(),
-                      g.group_in(),
-                      g.in[0],
-                      g.in[1],
-                      g.kernel[0],
-                      g.kernel[1],
-                      g.stride[0],
-                      g.stride[1],
-                      g.pad[0],
-                      g.pad[1],
-                      g.dilation[0],
-                      g.dilation[1],
-                      g.out[0],
-                      g.out[1]};
+    Im2colOperand patches = patches_of(g, x + group * g.group_in() * g.in_plane());
+    if (p.phases_scratch >= 0) {
+      float* phases = scratch.shared_as<float>() + p.phases_scratch;
+      split_im2col_phases(patches, phases, &pool);
+      patches.phases = phases;
+    }
+    b = patches;
   }
   p.gemm.run(a, b, c, epilogue, pool, scratch);
 }
@@ -338,6 +338,8 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
                         ctx.scratch);
   if (p.bias && p.bias->elem != Elem::F32) p.bias_scratch = reserve(geo.out_channels);
   if (!geo.pointwise() && p.x.elem != Elem::F32) p.x_scratch = reserve(geo.in_channels * geo.in_plane());
+  if (!p.winograd && !geo.pointwise() && im2col_phases_pay(patches_of(geo, nullptr)))
+    p.phases_scratch = reserve(im2col_phase_floats(patches_of(geo, nullptr)));
   if (p.activation && p.out.elem != Elem::F32) p.c_scratch = reserve(geo.group_out() * geo.pixels());
   ctx.scratch.reserve_shared(floats_bytes(floats));
   kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_gemm_conv(*plan, *pool, *scratch); };

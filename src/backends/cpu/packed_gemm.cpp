@@ -104,8 +104,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void load_b_avx2(
   }
 }
 
-// Vectors is 2 for the full 6x16 tile, 1 for a 6x8 tile (a last B panel at most half full).
-template <Elem BE, int Vectors>
+// Vectors is 2 for the full 6x16 tile, 1 for a 6x8 tile (a last B panel at most half full); Rows (2, 4 or 6) of
+// the A panel's six count (a last A panel with fewer live rows skips the multiply-adds of the padding).
+template <Elem BE, int Vectors, int Rows = MR>
 __attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float* a, const std::byte* b, float* c,
                                                          int64_t ldc, bool accumulate) {
   constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
@@ -123,21 +124,29 @@ __attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float
     ar = _mm256_broadcast_ss(a + 1);
     c10 = _mm256_fmadd_ps(ar, b0, c10);
     if constexpr (Vectors == 2) c11 = _mm256_fmadd_ps(ar, b1, c11);
-    ar = _mm256_broadcast_ss(a + 2);
-    c20 = _mm256_fmadd_ps(ar, b0, c20);
-    if constexpr (Vectors == 2) c21 = _mm256_fmadd_ps(ar, b1, c21);
-    ar = _mm256_broadcast_ss(a + 3);
-    c30 = _mm256_fmadd_ps(ar, b0, c30);
-    if constexpr (Vectors == 2) c31 = _mm256_fmadd_ps(ar, b1, c31);
-    ar = _mm256_broadcast_ss(a + 4);
-    c40 = _mm256_fmadd_ps(ar, b0, c40);
-    if constexpr (Vectors == 2) c41 = _mm256_fmadd_ps(ar, b1, c41);
-    ar = _mm256_broadcast_ss(a + 5);
-    c50 = _mm256_fmadd_ps(ar, b0, c50);
-    if constexpr (Vectors == 2) c51 = _mm256_fmadd_ps(ar, b1, c51);
+    if constexpr (Rows > 2) {
+      ar = _mm256_broadcast_ss(a + 2);
+      c20 = _mm256_fmadd_ps(ar, b0, c20);
+      if constexpr (Vectors == 2) c21 = _mm256_fmadd_ps(ar, b1, c21);
+    }
+    if constexpr (Rows > 3) {
+      ar = _mm256_broadcast_ss(a + 3);
+      c30 = _mm256_fmadd_ps(ar, b0, c30);
+      if constexpr (Vectors == 2) c31 = _mm256_fmadd_ps(ar, b1, c31);
+    }
+    if constexpr (Rows > 4) {
+      ar = _mm256_broadcast_ss(a + 4);
+      c40 = _mm256_fmadd_ps(ar, b0, c40);
+      if constexpr (Vectors == 2) c41 = _mm256_fmadd_ps(ar, b1, c41);
+    }
+    if constexpr (Rows > 5) {
+      ar = _mm256_broadcast_ss(a + 5);
+      c50 = _mm256_fmadd_ps(ar, b0, c50);
+      if constexpr (Vectors == 2) c51 = _mm256_fmadd_ps(ar, b1, c51);
+    }
   }
   const __m256 sums[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-  for (int64_t r = 0; r < MR; ++r) {
+  for (int64_t r = 0; r < Rows; ++r) {
     float* row = c + r * ldc;
     for (int v = 0; v < Vectors; ++v) {
       __m256 sum = sums[r][v];
@@ -145,6 +154,43 @@ __attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float
       _mm256_storeu_ps(row + 8 * v, sum);
     }
   }
+}
+
+// c[6, 1] (row stride ldc) = (accumulate ? c : 0) + a-panel · column over kc steps, `column` holding the single live
+// column of a B panel contiguously. Steps go in groups of four: their 24 A values fill three vectors, and a permute
+// spreads each step's B value over that step's six lanes (two groups per iteration, summed apart). A product with 49
+// columns (7x7 pixels) has one such column after three whole panels: this takes it at about a quarter of the cost of
+// the 6x8 tile.
+__attribute__((target("avx2,fma"))) void micro_column_avx2(int64_t kc, const float* a, const float* column, float* c,
+                                                           int64_t ldc, bool accumulate) {
+  const __m256i spread0 = _mm256_setr_epi32(0, 0, 0, 0, 0, 0, 1, 1);
+  const __m256i spread1 = _mm256_setr_epi32(1, 1, 1, 1, 2, 2, 2, 2);
+  const __m256i spread2 = _mm256_setr_epi32(2, 2, 3, 3, 3, 3, 3, 3);
+  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, t0 = s0, t1 = s0, t2 = s0;
+  int64_t p = 0;
+  for (; p + 8 <= kc; p += 8, a += 8 * MR) {
+    const __m256 b = _mm256_castps128_ps256(_mm_loadu_ps(column + p));
+    const __m256 d = _mm256_castps128_ps256(_mm_loadu_ps(column + p + 4));
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a), _mm256_permutevar8x32_ps(b, spread0), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8), _mm256_permutevar8x32_ps(b, spread1), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 16), _mm256_permutevar8x32_ps(b, spread2), s2);
+    t0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 24), _mm256_permutevar8x32_ps(d, spread0), t0);
+    t1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 32), _mm256_permutevar8x32_ps(d, spread1), t1);
+    t2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + 40), _mm256_permutevar8x32_ps(d, spread2), t2);
+  }
+  alignas(32) float v[3][8];
+  _mm256_store_ps(v[0], _mm256_add_ps(s0, t0));
+  _mm256_store_ps(v[1], _mm256_add_ps(s1, t1));
+  _mm256_store_ps(v[2], _mm256_add_ps(s2, t2));
+  // Lane l of the 24 holds row l % 6 of step l / 6.
+  float sums[MR];
+  for (int r = 0; r < MR; ++r) {
+    const int l0 = r, l1 = 6 + r, l2 = 12 + r, l3 = 18 + r;
+    sums[r] = (v[l0 / 8][l0 % 8] + v[l1 / 8][l1 % 8]) + (v[l2 / 8][l2 % 8] + v[l3 / 8][l3 % 8]);
+  }
+  for (; p < kc; ++p, a += MR)
+    for (int r = 0; r < MR; ++r) sums[r] += a[r] * column[p];
+  for (int r = 0; r < MR; ++r) c[r * ldc] = (accumulate ? c[r * ldc] : 0.0f) + sums[r];
 }
 
 #endif  // NPUSIM_GEMM_X86
@@ -180,22 +226,33 @@ bool fp32_prefers_avx2() {
   return cpu_features().amd && g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best;
 }
 
-// The micro-kernel for B panels of `b_elem`; `narrow` when only the first half of the panel's columns count.
-MicroKernel micro_kernel(Elem b_elem, bool avx2, bool narrow) {
+#ifdef NPUSIM_GEMM_X86
+template <Elem BE>
+MicroKernel micro_avx2_for(bool narrow, int64_t rows) {
+  if (rows <= 2) return narrow ? micro_avx2<BE, 1, 2> : micro_avx2<BE, 2, 2>;
+  if (rows <= 4) return narrow ? micro_avx2<BE, 1, 4> : micro_avx2<BE, 2, 4>;
+  return narrow ? micro_avx2<BE, 1> : micro_avx2<BE, 2>;
+}
+#endif
+
+// The micro-kernel for B panels of `b_elem`; `narrow` when only the first half of the panel's columns count, `rows`
+// the live rows of the A panel (the vector tiles skip whole pairs of padding rows).
+MicroKernel micro_kernel(Elem b_elem, bool avx2, bool narrow, int64_t rows = MR) {
 #ifdef NPUSIM_GEMM_X86
   if (avx2) {
     switch (b_elem) {
       case Elem::BF16:
-        return narrow ? micro_avx2<Elem::BF16, 1> : micro_avx2<Elem::BF16, 2>;
+        return micro_avx2_for<Elem::BF16>(narrow, rows);
       case Elem::F16:
-        return narrow ? micro_avx2<Elem::F16, 1> : micro_avx2<Elem::F16, 2>;
+        return micro_avx2_for<Elem::F16>(narrow, rows);
       default:
-        return narrow ? micro_avx2<Elem::F32, 1> : micro_avx2<Elem::F32, 2>;
+        return micro_avx2_for<Elem::F32>(narrow, rows);
     }
   }
 #endif
   (void)avx2;
   (void)narrow;
+  (void)rows;
   switch (b_elem) {
     case Elem::BF16:
       return micro_portable<Elem::BF16>;
@@ -428,6 +485,166 @@ void pack_b_strided(const StridedOperand& b, int64_t k, int64_t col0, int64_t co
   pack_steps(b.data + static_cast<size_t>(col0) * es, static_cast<size_t>(b.ld) * es, b.elem, cols, NR, k, dst);
 }
 
+#ifdef NPUSIM_GEMM_X86
+// One panel (columns [pixel0, pixel0 + width), width <= NR) of a convolution's patch matrix with hardware gathers:
+// each lane's offset into a channel plane and whether it reads inside the input are worked out once per kernel tap
+// and serve every channel; lanes in the padding, and those past `width`, read nothing and pack zero.
+NPUSIM_PACK_AVX2 void pack_im2col_panel_gathered(const Im2colOperand& s, int64_t k, int64_t pixel0, int64_t width,
+                                                 float* panel) {
+  alignas(32) int32_t top[NR], left[NR], live[NR];
+  for (int64_t j = 0; j < NR; ++j) {
+    const int64_t pixel = pixel0 + std::min(j, width - 1);
+    top[j] = static_cast<int32_t>(pixel / s.out_w * s.stride_h - s.pad_h);
+    left[j] = static_cast<int32_t>(pixel % s.out_w * s.stride_w - s.pad_w);
+    live[j] = j < width ? -1 : 0;
+  }
+  const __m256i height = _mm256_set1_epi32(static_cast<int32_t>(s.height));
+  const __m256i row_length = _mm256_set1_epi32(static_cast<int32_t>(s.width));
+  const __m256i minus_one = _mm256_set1_epi32(-1);
+  const int64_t taps = s.kernel_h * s.kernel_w, channels = k / taps, plane = s.height * s.width;
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t ky = 0; ky < s.kernel_h; ++ky)
+    for (int64_t kx = 0; kx < s.kernel_w; ++kx) {
+      __m256i offset[2];
+      __m256 inside[2];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i iy = _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(top + 8 * h)),
+                                            _mm256_set1_epi32(static_cast<int32_t>(ky * s.dilation_h)));
+        const __m256i ix = _mm256_add_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(left + 8 * h)),
+                                            _mm256_set1_epi32(static_cast<int32_t>(kx * s.dilation_w)));
+        __m256i ok = _mm256_load_si256(reinterpret_cast<const __m256i*>(live + 8 * h));
+        ok = _mm256_and_si256(ok, _mm256_cmpgt_epi32(iy, minus_one));
+        ok = _mm256_and_si256(ok, _mm256_cmpgt_epi32(height, iy));
+        ok = _mm256_and_si256(ok, _mm256_cmpgt_epi32(ix, minus_one));
+        ok = _mm256_and_si256(ok, _mm256_cmpgt_epi32(row_length, ix));
+        inside[h] = _mm256_castsi256_ps(ok);
+        offset[h] = _mm256_add_epi32(_mm256_mullo_epi32(iy, row_length), ix);
+      }
+      float* out = panel + (ky * s.kernel_w + kx) * NR;
+      const float* in = s.input;
+      for (int64_t c = 0; c < channels; ++c, out += taps * NR, in += plane) {
+        _mm256_storeu_ps(out, _mm256_mask_i32gather_ps(zero, in, offset[0], inside[0], 4));
+        _mm256_storeu_ps(out + 8, _mm256_mask_i32gather_ps(zero, in, offset[1], inside[1], 4));
+      }
+    }
+}
+#endif
+
+// Whether a patch matrix packs faster with hardware gathers than with runs of copies along input rows: when output
+// rows are short, a panel's columns split into several runs, each set up again for every tap (on Zen 4, stride 2
+// and 1 alike up to 28 pixels a row, even counting a phase split first; rows of 112 gained nothing).
+bool gathered_im2col(const Im2colOperand& s) { return s.height * s.width < (int64_t{1} << 31) && s.out_w < 4 * NR; }
+
+// The shape of split_im2col_phases' output: per channel, stride_h * stride_w phases of rows x cols floats.
+struct PhaseLayout {
+  int64_t rows = 0, cols = 0;
+  int64_t plane() const { return rows * cols; }
+};
+
+PhaseLayout phase_layout(const Im2colOperand& s) {
+  return {ceil_div(s.height + 2 * s.pad_h, s.stride_h), ceil_div(s.width + 2 * s.pad_w, s.stride_w)};
+}
+
+// Whether some tap of a kernel `taps` wide (dilation `dilation`, stride `stride`) reads phase `r`.
+bool phase_read(int64_t r, int64_t taps, int64_t dilation, int64_t stride) {
+  for (int64_t t = 0; t < taps; ++t)
+    if (t * dilation % stride == r) return true;
+  return false;
+}
+
+}  // namespace
+
+bool im2col_phases_pay(const Im2colOperand& s) { return (s.stride_h > 1 || s.stride_w > 1) && s.out_w >= 4 * NR; }
+
+int64_t im2col_phase_floats(const Im2colOperand& s) {
+  return s.channels * s.stride_h * s.stride_w * phase_layout(s).plane();
+}
+
+void split_im2col_phases(const Im2colOperand& s, float* phases, ThreadPool* pool) {
+  const PhaseLayout l = phase_layout(s);
+  const int64_t sy = s.stride_h, sx = s.stride_w;
+  const bool avx2 = use_avx2();
+  // Row qy of phase (ry, rx) of channel c: input row qy * sy + ry - pad_h, every sx-th value from column rx - pad_w.
+  const auto split_row = [&](int64_t c, int64_t ry, int64_t rx, int64_t qy) {
+    float* out = phases + ((c * sy + ry) * sx + rx) * l.plane() + qy * l.cols;
+    const int64_t iy = qy * sy + ry - s.pad_h;
+    if (iy < 0 || iy >= s.height) return std::fill(out, out + l.cols, 0.0f);
+    // Columns qx in [first, last) read inside the row: 0 <= qx * sx + rx - pad_w < width.
+    const int64_t first = std::min(l.cols, ceil_div(std::max<int64_t>(0, s.pad_w - rx), sx));
+    const int64_t last = std::clamp(ceil_div(s.width + s.pad_w - rx, sx), first, l.cols);
+    std::fill(out, out + first, 0.0f);
+    std::fill(out + last, out + l.cols, 0.0f);
+    const int64_t ix = first * sx + rx - s.pad_w;
+    const float* src = s.input + (c * s.height + iy) * s.width + ix;
+#ifdef NPUSIM_GEMM_X86
+    if (sx == 2 && avx2) {
+      const int64_t pairs = std::clamp<int64_t>((s.width - ix) / 2, 0, last - first);
+      return gather_stride2_avx2(src, out + first, last - first, pairs);
+    }
+#endif
+    for (int64_t q = first; q < last; ++q) out[q] = src[(q - first) * sx];
+  };
+  const auto split_channels = [&](int64_t begin, int64_t end, int) {
+    for (int64_t c = begin; c < end; ++c)
+      for (int64_t ry = 0; ry < sy; ++ry) {
+        if (!phase_read(ry, s.kernel_h, s.dilation_h, sy)) continue;
+        for (int64_t rx = 0; rx < sx; ++rx) {
+          if (!phase_read(rx, s.kernel_w, s.dilation_w, sx)) continue;
+          for (int64_t qy = 0; qy < l.rows; ++qy) split_row(c, ry, rx, qy);
+        }
+      }
+  };
+  if (pool)
+    pool->parallel_for(s.channels, 1, split_channels);
+  else
+    split_channels(0, s.channels, 0);
+}
+
+namespace {
+
+// Columns [col0, col0 + cols) of the patch matrix from the phases of the input: per tap, each run of a panel's
+// pixels in one output row copies consecutive values of one phase row, for every channel. A pointwise kernel whose
+// phase rows are as long as the output rows reads one phase as the [channels, pixels] matrix it is.
+void pack_b_im2col_phases(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols, float* dst) {
+  const PhaseLayout l = phase_layout(s);
+  const int64_t sy = s.stride_h, sx = s.stride_w, taps = s.kernel_h * s.kernel_w, channels = k / taps;
+  const int64_t channel_floats = sy * sx * l.plane();
+  const bool one_run = taps == 1 && l.cols == s.out_w && s.pad_h == 0 && s.pad_w == 0;
+  struct Run {
+    int64_t lane, count, oy, ox;
+  };
+  for (int64_t jr = 0; jr < cols; jr += NR) {
+    float* panel = dst + jr / NR * k * NR;
+    const int64_t width = std::min(NR, cols - jr);
+    Run runs[NR];
+    int count = 0;
+    for (int64_t j = 0; j < width;) {
+      const int64_t pixel = col0 + jr + j, oy = pixel / s.out_w, ox = pixel % s.out_w;
+      const int64_t lanes = one_run ? width : std::min(width - j, s.out_w - ox);
+      runs[count++] = {j, lanes, oy, ox};
+      j += lanes;
+    }
+    for (int64_t ky = 0; ky < s.kernel_h; ++ky)
+      for (int64_t kx = 0; kx < s.kernel_w; ++kx) {
+        int64_t offsets[NR];  // per run, from the channel's first phase
+        for (int r = 0; r < count; ++r) {
+          const int64_t py = runs[r].oy * sy + ky * s.dilation_h, px = runs[r].ox * sx + kx * s.dilation_w;
+          offsets[r] = (py % sy * sx + px % sx) * l.plane() + py / sy * l.cols + px / sx;
+        }
+        float* out = panel + (ky * s.kernel_w + kx) * NR;
+        const float* phases = s.phases;
+        for (int64_t c = 0; c < channels; ++c, out += taps * NR, phases += channel_floats) {
+          if (count == 1 && runs[0].count == NR)  // a whole panel in one run: a copy of fixed size
+            std::memcpy(out, phases + offsets[0], NR * sizeof(float));
+          else
+            for (int r = 0; r < count; ++r)
+              std::memcpy(out + runs[r].lane, phases + offsets[r], static_cast<size_t>(runs[r].count) * sizeof(float));
+          for (int64_t j = width; j < NR; ++j) out[j] = 0.0f;
+        }
+      }
+  }
+}
+
 // Columns [col0, col0 + cols) of a convolution's patch matrix over its whole depth into panels of NR columns. A
 // panel's columns split into runs that lie in one output row; per kernel tap, each run reads one input row with a
 // fixed stride, zero where the tap falls into the padding. Which lanes of a run read inside their row depends only
@@ -453,6 +670,14 @@ void pack_b_im2col(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols
     span.pairs = sx == 2 ? std::clamp<int64_t>((s.width - ix) / 2, span.first, span.last) : span.first;
     return span;
   };
+  if (s.phases) return pack_b_im2col_phases(s, k, col0, cols, dst);
+#ifdef NPUSIM_GEMM_X86
+  if (avx2 && gathered_im2col(s)) {
+    for (int64_t jr = 0; jr < cols; jr += NR)
+      pack_im2col_panel_gathered(s, k, col0 + jr, std::min(NR, cols - jr), dst + jr / NR * k * NR);
+    return;
+  }
+#endif
   (void)avx2;  // only x86 has a vector gather
   const bool cached_spans = s.kernel_w <= kMaxSpanTaps;
   for (int64_t jr = 0; jr < cols; jr += NR) {
@@ -806,19 +1031,37 @@ struct Grid {
   int64_t rows = 1, cols = 1;
 };
 
-// How `threads` workers divide the tiles: the split with the least work for the busiest worker, counting the
-// packing each worker repeats for its own columns and, when an operand is too large for the caches, its reads of it
-// (A once per column block, a prepacked B once per row block), which memory bandwidth makes far dearer than
-// multiply-adds.
+// The multiply-adds of the busiest of `parts` runs of `panels` panels `width` lines wide, in lines, a last partial
+// panel of `rest` live lines counted at `tail` lines (what its narrower tile costs).
+int64_t busiest_part(int64_t panels, int64_t parts, int64_t width, int64_t rest, int64_t tail) {
+  int64_t most = 0;
+  for (int64_t part = 0; part < parts; ++part) {
+    const int64_t first = split(panels, parts, part), last = split(panels, parts, part + 1);
+    int64_t lines = (last - first) * width;
+    if (last == panels && rest > 0) lines -= width - tail;
+    most = std::max(most, lines);
+  }
+  return most;
+}
+
+// How `threads` workers divide the tiles: the split with the least work for the busiest worker, counting what the
+// narrower tiles of a last partial panel save (a single last column costs a quarter of a panel, as the 7x7 images'
+// 49 columns leave), the packing each worker repeats for its own columns and, when an operand is too large for the
+// caches, its reads of it (A once per column block, a prepacked B once per row block), which memory bandwidth makes
+// far dearer than multiply-adds.
 Grid choose_grid(int64_t threads, const GemmSpec& s, int64_t mc, int64_t nc, bool streams_a, bool streams_b) {
   const int64_t m = s.m, n = s.n, k = s.k;
   const int64_t row_panels = ceil_div(m, MR), col_panels = ceil_div(n, NR);
+  const int64_t row_rest = m % MR, col_rest = n % NR;
+  const int64_t row_tail = row_rest <= 2 ? 2 : row_rest <= 4 ? 4 : MR;
+  const int64_t col_tail = col_rest == 1 ? NR / 4 : col_rest <= NR / 2 ? NR / 2 : NR;
   Grid best;
   double best_cost = -1.0;
   for (int64_t rows = 1; rows <= std::min(threads, row_panels); ++rows) {
     const int64_t cols = std::min(threads / rows, col_panels);
     const int64_t height = ceil_div(row_panels, rows) * MR, width = ceil_div(col_panels, cols) * NR;
-    double cost = static_cast<double>(height * width * k);
+    double cost = static_cast<double>(busiest_part(row_panels, rows, MR, row_rest, row_tail)) *
+                  static_cast<double>(busiest_part(col_panels, cols, NR, col_rest, col_tail)) * static_cast<double>(k);
     if (!s.b_prepacked) cost += 8.0 * static_cast<double>(width * k);
     if (streams_a) cost += 16.0 * static_cast<double>(height * k * ceil_div(width, nc));
     if (streams_b) cost += 16.0 * static_cast<double>(width * k * ceil_div(height, mc));
@@ -891,7 +1134,10 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   const PackedMatrix* packed_b = spec.b_prepacked ? std::get<const PackedMatrix*>(ops.b) : nullptr;
   const bool direct_a = packed_a && packed_a->elem() == Elem::F32;
   const Elem b_elem = packed_b ? packed_b->elem() : Elem::F32;
-  const MicroKernel micro = micro_kernel(b_elem, avx2, false), narrow = micro_kernel(b_elem, avx2, true);
+  // By live rows of the A panel (1 to MR) and whether the B panel is narrow.
+  MicroKernel kernels[MR + 1][2];
+  for (int64_t live = 1; live <= MR; ++live)
+    for (bool narrow : {false, true}) kernels[live][narrow] = micro_kernel(b_elem, avx2, narrow, live);
   // The 6x32 / 6x16 AVX-512 tiles, unless fp32 panels run faster on the AVX2 tile here.
   const bool wide = avx512 && !(b_elem == Elem::F32 && fp32_prefers_avx2());
 #ifdef NPUSIM_GEMM_X86
@@ -972,9 +1218,19 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
             continue;
           }
 #endif
-          const MicroKernel kernel_here = cols - jr <= NR / 2 ? narrow : micro;
+#ifdef NPUSIM_GEMM_X86
+          if (avx2 && cols - jr == 1 && b_elem == Elem::F32 && depth <= kMaxDepthBlockFewColumns) {
+            alignas(32) float column[kMaxDepthBlockFewColumns];
+            for (int64_t p = 0; p < depth; ++p) column[p] = reinterpret_cast<const float*>(b0)[p * NR];
+            for (int64_t ir = 0; ir < rows; ir += MR)
+              micro_column_avx2(depth, a_panel(ir), column, buffers.sums + ir * nc + jr, nc, pc > 0);
+            jr += NR;
+            continue;
+          }
+#endif
+          const bool narrow = cols - jr <= NR / 2;
           for (int64_t ir = 0; ir < rows; ir += MR)
-            kernel_here(depth, a_panel(ir), b0, buffers.sums + ir * nc + jr, nc, pc > 0);
+            kernels[std::min(MR, rows - ir)][narrow](depth, a_panel(ir), b0, buffers.sums + ir * nc + jr, nc, pc > 0);
           jr += NR;
         }
       }

@@ -112,7 +112,20 @@ struct Im2colOperand {
   int64_t pad_h = 0, pad_w = 0;
   int64_t dilation_h = 1, dilation_w = 1;
   int64_t out_h = 0, out_w = 0;
+  // Optionally (strided convolutions), the input as split_im2col_phases writes it: the packing then copies runs of
+  // pixels with no bounds checks. Null: packed from `input`.
+  const float* phases = nullptr;
 };
+
+// Whether packing `s` from its split phases pays for the split: strided taps along output rows long enough to fill
+// whole panels with one run each (shorter rows pack faster straight from the input).
+bool im2col_phases_pay(const Im2colOperand& s);
+// Floats split_im2col_phases writes for `s`.
+int64_t im2col_phase_floats(const Im2colOperand& s);
+// Splits the zero-padded input of `s` by its strides: phase (ry, rx) of channel c holds the padded rows ry,
+// ry + stride_h, ... and columns rx, rx + stride_w, ..., so that a tap's values for consecutive output pixels of one
+// row are consecutive. Only the phases some tap reads are written. Over the pool's threads when one is given.
+void split_im2col_phases(const Im2colOperand& s, float* phases, ThreadPool* pool);
 
 // One side of a product: a prepacked weight (owned by the caller, alive while the product runs), a strided matrix,
 // or (B only) a convolution input.

@@ -71,10 +71,26 @@ __attribute__((target("avx2"))) int64_t max3_stride2_avx2(const float* window, i
   }
   return i;
 }
+
+// row[i] = the NaN-aware max of sources[0..count)[i] for i < width, in one pass.
+__attribute__((target("avx2"))) void rows_max_avx2(const float* const* sources, int64_t count, int64_t width,
+                                                   float* row) {
+  int64_t i = 0;
+  for (; i + 8 <= width; i += 8) {
+    __m256 best = _mm256_set1_ps(kNegativeInfinity);
+    for (int64_t r = 0; r < count; ++r) best = nan_max8(best, _mm256_loadu_ps(sources[r] + i));
+    _mm256_storeu_ps(row + i, best);
+  }
+  for (; i < width; ++i) {
+    float best = kNegativeInfinity;
+    for (int64_t r = 0; r < count; ++r) best = nan_max(best, sources[r][i]);
+    row[i] = best;
+  }
+}
 #endif
 
-// One plane: y[out_h, out_w] from x[in_h, in_w]; `row` holds in_w floats.
-void max_pool_plane(const MaxPoolPlan& p, const float* x, float* y, float* row) {
+// One plane: y[out_h, out_w] from x[in_h, in_w]; `row` holds in_w floats, `sources` kernel_h pointers.
+void max_pool_plane(const MaxPoolPlan& p, const float* x, float* y, float* row, const float** sources) {
   const int64_t height = p.in[0], width = p.in[1], out_w = p.out[1];
   const int64_t sx = p.stride[1], dx = p.dilation[1], px = p.pad[1], taps_x = p.kernel[1];
   // Output columns whose every tap lies inside the row.
@@ -86,12 +102,24 @@ void max_pool_plane(const MaxPoolPlan& p, const float* x, float* y, float* row) 
   const bool three_by_two = taps_x == 3 && sx == 2 && dx == 1 && cpu_has_avx2();  // ResNet's stem
 #endif
   for (int64_t oy = 0; oy < p.out[0]; ++oy) {
-    std::fill(row, row + width, kNegativeInfinity);
+    int64_t count = 0;  // the window's rows inside the input
     for (int64_t ky = 0; ky < p.kernel[0]; ++ky) {
       const int64_t iy = oy * p.stride[0] - p.pad[0] + ky * p.dilation[0];
-      if (iy < 0 || iy >= height) continue;
-      const float* src = x + iy * width;
-      for (int64_t ix = 0; ix < width; ++ix) row[ix] = nan_max(row[ix], src[ix]);
+      if (iy >= 0 && iy < height) sources[count++] = x + iy * width;
+    }
+#ifdef NPUSIM_POOL_X86
+    if (cpu_has_avx2()) {
+      rows_max_avx2(sources, count, width, row);
+    } else
+#endif
+    {
+      std::fill(row, row + width, kNegativeInfinity);
+      for (int64_t ky = 0; ky < p.kernel[0]; ++ky) {
+        const int64_t iy = oy * p.stride[0] - p.pad[0] + ky * p.dilation[0];
+        if (iy < 0 || iy >= height) continue;
+        const float* src = x + iy * width;
+        for (int64_t ix = 0; ix < width; ++ix) row[ix] = nan_max(row[ix], src[ix]);
+      }
     }
     float* dst = y + oy * out_w;
     auto edge = [&](int64_t ox) {
@@ -147,21 +175,25 @@ std::optional<Kernel> max_pool2d(const KernelContext& ctx) {
   p.planes = shape_numel(Shape(in.begin(), in.end() - 2));
   if (shape_numel(Shape(out.begin(), out.end() - 2)) != p.planes) return std::nullopt;
   const int64_t in_plane = p.in[0] * p.in[1], out_plane = p.out[0] * p.out[1];
-  // Per worker: the plane converted to fp32 (when stored otherwise), the output plane, one row of maxima.
-  ctx.scratch.reserve_per_worker(floats_bytes(in_plane + out_plane + p.in[1] + 32));
+  // Per worker: the plane converted to fp32 (when stored otherwise), the output plane, one row of maxima, the
+  // window's row pointers.
+  const int64_t row_floats = (p.in[1] + 15) / 16 * 16;
+  ctx.scratch.reserve_per_worker(floats_bytes(in_plane + out_plane + row_floats + 32) +
+                                 static_cast<size_t>(p.kernel[0]) * sizeof(const float*));
   Kernel kernel_fn;
-  kernel_fn.run = [p, in_plane, out_plane, pool = &ctx.pool, scratch = &ctx.scratch] {
+  kernel_fn.run = [p, in_plane, out_plane, row_floats, pool = &ctx.pool, scratch = &ctx.scratch] {
     if (p.planes == 0 || out_plane == 0) return;
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(in_plane, 1));
     pool->parallel_for(p.planes, grain, [&](int64_t begin, int64_t end, int worker) {
       float* converted = scratch->worker_as<float>(worker);
       float* result = converted + (in_plane + 15) / 16 * 16;
       float* row = result + (out_plane + 15) / 16 * 16;
+      auto** sources = reinterpret_cast<const float**>(row + row_floats);
       for (int64_t plane = begin; plane < end; ++plane) {
         const float* x = float_data(p.x.data + static_cast<size_t>(plane * in_plane) * elem_size(p.x.elem), p.x.elem,
                                     in_plane, converted);
         float* y = p.y.elem == Elem::F32 ? p.y.as<float>() + plane * out_plane : result;
-        max_pool_plane(p, x, y, row);
+        max_pool_plane(p, x, y, row, sources);
         store_floats(y, p.y.data + static_cast<size_t>(plane * out_plane) * elem_size(p.y.elem), p.y.elem, out_plane);
       }
     });
