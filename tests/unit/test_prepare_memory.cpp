@@ -23,6 +23,14 @@ long minor_faults() {
 
 constexpr size_t kPage = 4096;
 
+// AddressSanitizer's shadow memory takes page faults of its own when the test touches memory, so fault counts are
+// asserted only in builds without it (the contents are checked in both).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kFaultsCounted = false;
+#else
+constexpr bool kFaultsCounted = true;
+#endif
+
 TEST(PrepareMemory, PrefaultKeepsTheContentsAndMapsThePages) {
   const size_t bytes = (size_t{4} << 20) + 3 * kPage + 100;  // a mapping of its own, not a whole number of pages
   ZeroedMemory memory = allocate_zeroed(bytes, "a test buffer");
@@ -36,7 +44,7 @@ TEST(PrepareMemory, PrefaultKeepsTheContentsAndMapsThePages) {
     nonzero += data[at] != std::byte{0} && at != kPage * 5;
     data[at] = std::byte{7};
   }
-  EXPECT_LT(minor_faults() - before, 8) << "the pages were not mapped in";
+  if (kFaultsCounted) EXPECT_LT(minor_faults() - before, 8) << "the pages were not mapped in";
   EXPECT_EQ(nonzero, 0u);
   // Empty ranges and null are nothing to do.
   prefault(nullptr, 0);
@@ -71,7 +79,7 @@ TEST(PrepareMemory, PackedStorageIsMappedInBeforeItIsWritten) {
         nonzero += m->mutable_panel(0)[at] != std::byte{0};
         m->mutable_panel(0)[at] = std::byte{1};
       }
-    EXPECT_LT(minor_faults() - before, 8) << (threads ? "2 threads" : "1 thread");
+    if (kFaultsCounted) EXPECT_LT(minor_faults() - before, 8) << (threads ? "2 threads" : "1 thread");
     EXPECT_EQ(nonzero, 0u);
   }
   EXPECT_GT(arena->used_bytes(), size_t{2} << 20);
@@ -107,7 +115,7 @@ TEST(PrepareMemory, FirstRunPaysNoPageFaultsForItsActivations) {
     const long faults = minor_faults() - before;
     ASSERT_EQ(outputs.size(), 1u);
     // The arena alone is over 1000 pages; what remains is the output and other small allocations.
-    EXPECT_LT(faults, 100) << threads << " threads";
+    if (kFaultsCounted) EXPECT_LT(faults, 100) << threads << " threads";
   }
 }
 
