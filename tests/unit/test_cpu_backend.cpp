@@ -12,6 +12,7 @@
 #include "compiler/pass.h"
 #include "npusim/op_registry.h"
 #include "runtime/reference_executor.h"
+#include "unit/error_expectations.h"
 
 namespace npusim {
 namespace {
@@ -102,16 +103,7 @@ std::unique_ptr<PreparedProgram> prepare(const Program& program,
   return backend.prepare(program, weights);
 }
 
-void expect_error(const std::function<void()>& action, const std::vector<std::string>& fragments) {
-  try {
-    action();
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& error) {
-    const std::string message = error.what();
-    for (const std::string& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: " << message;
-  }
-}
+using test::expect_error;
 
 // x -> add 1 -> relu -> mul 2, every step planned in place over the previous one.
 Graph chain() {

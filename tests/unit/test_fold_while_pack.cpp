@@ -21,6 +21,7 @@
 #include "runtime/safetensors.h"
 #include "runtime/weight_store.h"
 #include "runtime/weight_transforms.h"
+#include "unit/error_expectations.h"
 #include "unit/graph_test_util.h"
 
 namespace npusim {
@@ -61,16 +62,7 @@ void expect_same_floats(const Tensor& actual, const Tensor& expected, const std:
     ASSERT_EQ(actual.data<float>()[i], expected.data<float>()[i]) << label << " at " << i;
 }
 
-void expect_error(const std::function<void()>& action, const std::vector<std::string>& fragments) {
-  try {
-    action();
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& error) {
-    const std::string message = error.what();
-    for (const std::string& fragment : fragments)
-      EXPECT_NE(message.find(fragment), std::string::npos) << "'" << fragment << "' not in: " << message;
-  }
-}
+using test::expect_error;
 
 // ---- the fold helpers ----
 
