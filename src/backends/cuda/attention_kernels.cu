@@ -231,27 +231,28 @@ __global__ void attention_combine_kernel(AttentionParams p, int64_t splits, cons
   }
 }
 
-// ---- decode attention (flash-decoding): a block takes the query heads that share one key/value head, so each
-// cache row is read once for all of them, and a run of keys. Tiles of key and value rows are copied to shared
-// memory asynchronously (the next tile's copy in flight while the current one is used) and folded in with an
-// online softmax. The runs follow the attended context, read on the device: a short context takes few blocks, a
-// long one up to kDecodeMaxSplits runs per head group, and the last run to finish combines them ----
+// ---- tiled attention: a block takes query rows that share one key/value head (query heads of a group in decode,
+// positions of one head in prefill) and a run of keys. Tiles of key and value rows are copied to shared memory
+// asynchronously (the next tile's copy in flight while the current one is used) and folded in with an online
+// softmax. With one query row per head (decode, flash-decoding) the runs follow the attended context, read on the
+// device: a short context takes few blocks, a long one up to kDecodeMaxSplits runs per head, and the last run to
+// finish combines them ----
 
-constexpr int kDecodeThreads = 256;
-constexpr int kDecodeWarps = kDecodeThreads / 32;
-// Query heads per block. The kernel can share each cache row between the query heads of a key/value head, but on
-// the H100 (Qwen2.5-1.5B shape, 6 query heads per key/value head) one head per block measured fastest at every
-// context: 2, 4 and 6 heads made context 128 4-20% slower (a block's serial work grows with its heads) and context
-// 8192 no faster (the other heads' reads of the same rows hit the L2 cache).
+constexpr int kTiledThreads = 256;
+constexpr int kTiledWarps = kTiledThreads / 32;
+// Query heads per block in decode. The kernel can share each cache row between the query heads of a key/value head;
+// on the H100 (Qwen2.5-1.5B shape, 6 query heads per key/value head) 2 heads per block made context 128 2% slower and
+// context 8192 11% faster, 4 and 6 heads made context 128 4-20% slower (a block's serial work grows with its
+// heads): one head keeps the short contexts most steps run at fastest.
 constexpr int kDecodeHeadsPerBlock = 1;
 // Query positions of one head per block when there are several (prefill): they share every key and value tile.
 constexpr int kPrefillRowsPerBlock = 4;
-constexpr int kDecodeMaxTile = 64;               // keys per tile (the softmax takes two per lane)
-constexpr int kDecodeMaxSplits = 32;             // runs per head group (the last one combines them)
-constexpr int64_t kDecodeTileBytes = 32 * 1024;  // one tile's key and value rows
-constexpr int64_t kDecodeMaxEmbed = 512;
+constexpr int kTileMaxKeys = 64;           // keys per tile (the softmax takes two per lane)
+constexpr int kDecodeMaxSplits = 32;       // runs per head group (the last one combines them)
+constexpr int64_t kTileBytes = 32 * 1024;  // one tile's key and value rows
+constexpr int64_t kTiledMaxEmbed = 512;
 
-struct DecodePlan {
+struct TiledPlan {
   int heads, chunks;  // query heads per block, blocks per key/value head
   int tile, splits;   // keys per tile, the most runs per head group (grid.y)
   int64_t query_offset, tiles_offset, scores_offset, shared_bytes;
@@ -291,12 +292,12 @@ __device__ __forceinline__ int tile_slot(int row, int column, int vectors) {
 }
 
 template <typename T, int Heads>
-__global__ void __launch_bounds__(kDecodeThreads, 2)
-    decode_attention_kernel(AttentionParams p, DecodePlan plan, Operand q, const T* k, const T* v, void* out,
-                            int out_elem, float* stats, float* values, unsigned* counters) {
+__global__ void __launch_bounds__(kTiledThreads, 2)
+    tiled_attention_kernel(AttentionParams p, TiledPlan plan, Operand q, const T* k, const T* v, void* out,
+                           int out_elem, float* stats, float* values, unsigned* counters) {
   constexpr int kPerVector = 16 / sizeof(T);
-  extern __shared__ float4 decode_shared[];
-  auto* shared = reinterpret_cast<unsigned char*>(decode_shared);
+  extern __shared__ float4 tiled_shared[];
+  auto* shared = reinterpret_cast<unsigned char*>(tiled_shared);
   allow_dependent_launch();
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   // A block's query rows share one key/value head: with one query row per head (decode) they are heads of one
@@ -342,11 +343,11 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
 
   const uint4* key_rows = reinterpret_cast<const uint4*>(k + (b * p.k_heads + kv) * p.source * p.embed);
   const uint4* value_rows = reinterpret_cast<const uint4*>(v + (b * p.v_heads + kv) * p.source * p.value_embed);
-  // Each thread copies the vectors tid, tid + kDecodeThreads, ... of a tile's rows (row and column stepped without
+  // Each thread copies the vectors tid, tid + kTiledThreads, ... of a tile's rows (row and column stepped without
   // dividing).
   auto copy_rows = [&](const uint4* source, uint4* tile_base, int vectors, int64_t start) {
     int row = tid / vectors, column = tid % vectors;
-    const int row_step = kDecodeThreads / vectors, column_step = kDecodeThreads % vectors;
+    const int row_step = kTiledThreads / vectors, column_step = kTiledThreads % vectors;
     while (row < tile) {
       const bool valid = start + row < end;  // rows past the run are zero-filled
       copy_async_16(tile_base + tile_slot(row, column, vectors), source + (valid ? start + row : 0) * vectors + column,
@@ -367,9 +368,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
 
   // Scores: threads_per_key lanes share a key row. Values: `streams` lanes sum every streams-th row of a tile,
   // each lane one 16-byte vector of the row for every head.
-  const int threads_per_key = kDecodeThreads / tile;
+  const int threads_per_key = kTiledThreads / tile;
   const int key_row = tid / threads_per_key, key_part = tid % threads_per_key;
-  const int streams = static_cast<int>(kDecodeThreads / value_vectors);
+  const int streams = static_cast<int>(kTiledThreads / value_vectors);
   const int stream = static_cast<int>(tid / value_vectors), value_column = static_cast<int>(tid % value_vectors);
   // The mask terms of this lane's key for each row (one load when the mask is the same for all the block's rows).
   const bool one_mask = rows_are_heads ? p.mask_head_stride == 0 : p.mask_row_stride == 0;
@@ -438,7 +439,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     __syncthreads();
 
     // Online softmax, a warp per head: the running maximum, the tile's weights, the factor for the earlier sums.
-    for (int g = warp; g < heads; g += kDecodeWarps) {
+    for (int g = warp; g < heads; g += kTiledWarps) {
       const float s0 = lane < tile ? scores[g * tile + lane] : -INFINITY;
       const float s1 = lane + 32 < tile ? scores[g * tile + lane + 32] : -INFINITY;
       const float before = run_max[g];
@@ -525,7 +526,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   // The last run combines them all: a warp per head weighs the runs (a lane each) from their maxima and sums, then
   // each output adds up the runs' partial sums.
   static_assert(kDecodeMaxSplits <= 32, "the combine takes one run per lane");
-  for (int g = warp; g < heads; g += kDecodeWarps) {
+  for (int g = warp; g < heads; g += kTiledWarps) {
     const float* stat = stats + (first_row + g) * plan.splits * 2;
     const float peak = lane < runs ? __ldcg(stat + 2 * lane) : -INFINITY;
     const float sum = lane < runs ? __ldcg(stat + 2 * lane + 1) : 0.0f;
@@ -539,9 +540,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   // Each output's sum over the runs: `parts` threads per output take every parts-th run (their loads issued together),
   // then add up through shared memory.
   const int64_t outputs = heads * p.value_embed;
-  const int parts = static_cast<int>(max(int64_t{1}, min(int64_t{kDecodeThreads} / outputs, int64_t{8})));
+  const int parts = static_cast<int>(max(int64_t{1}, min(int64_t{kTiledThreads} / outputs, int64_t{8})));
   auto* part_sums = reinterpret_cast<float*>(shared + plan.tiles_offset);  // [parts][outputs]
-  for (int64_t o = tid % outputs; o < outputs && tid < parts * outputs; o += kDecodeThreads) {
+  for (int64_t o = tid % outputs; o < outputs && tid < parts * outputs; o += kTiledThreads) {
     const int part = static_cast<int>(tid / outputs);
     const int g = static_cast<int>(o / p.value_embed);
     const float* partials = values + (first_row + g) * plan.splits * p.value_embed + o % p.value_embed;
@@ -561,7 +562,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     part_sums[part * outputs + o] = weighted;
   }
   __syncthreads();
-  for (int64_t o = tid; o < outputs; o += kDecodeThreads) {
+  for (int64_t o = tid; o < outputs; o += kTiledThreads) {
     float weighted = 0.0f;
     for (int part = 0; part < parts; ++part) weighted += part_sums[part * outputs + o];
     const int g = static_cast<int>(o / p.value_embed);
@@ -573,27 +574,27 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
 // The tiled kernel's shape for these parameters and storage, or nullopt where it does not apply (key and value head
 // counts that differ, rows that are not whole 16-byte vectors, very wide rows, or one query row per head without
 // scratch for the runs' partial sums). Several query rows per head take one run per block (no combine).
-std::optional<DecodePlan> decode_plan(const AttentionParams& p, int elem, const void* k, const void* v,
-                                      bool has_scratch) {
+std::optional<TiledPlan> tiled_plan(const AttentionParams& p, int elem, const void* k, const void* v,
+                                    bool has_scratch) {
   if (p.length < 1 || (p.length == 1 && !has_scratch) || elem > kBF16 || p.k_heads != p.v_heads ||
       p.q_heads % p.k_heads != 0)
     return std::nullopt;
   const int64_t size = elem == kF32 ? 4 : 2, per_vector = 16 / size;
   const auto aligned = [](const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; };
-  if (p.embed % per_vector != 0 || p.value_embed % per_vector != 0 || p.embed > kDecodeMaxEmbed ||
-      p.value_embed > kDecodeMaxEmbed || !aligned(k) || !aligned(v))
+  if (p.embed % per_vector != 0 || p.value_embed % per_vector != 0 || p.embed > kTiledMaxEmbed ||
+      p.value_embed > kTiledMaxEmbed || !aligned(k) || !aligned(v))
     return std::nullopt;
-  DecodePlan plan{};
+  TiledPlan plan{};
   const int64_t group = p.q_heads / p.k_heads;
   plan.heads = p.length == 1 ? kDecodeHeadsPerBlock : kPrefillRowsPerBlock;
   const int64_t segment_rows = p.length == 1 ? group : p.length;
   plan.chunks = static_cast<int>((segment_rows + plan.heads - 1) / plan.heads);
   const int64_t row_bytes = (p.embed + p.value_embed) * size;
-  plan.tile = kDecodeMaxTile;
-  while (plan.tile > 8 && plan.tile * row_bytes > kDecodeTileBytes) plan.tile /= 2;
+  plan.tile = kTileMaxKeys;
+  while (plan.tile > 8 && plan.tile * row_bytes > kTileBytes) plan.tile /= 2;
   plan.splits =
       p.length == 1 ? static_cast<int>(std::min<int64_t>((p.source + plan.tile - 1) / plan.tile, kDecodeMaxSplits)) : 1;
-  const int64_t streams = kDecodeThreads / (p.value_embed / per_vector);
+  const int64_t streams = kTiledThreads / (p.value_embed / per_vector);
   const auto round16 = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
   plan.query_offset = 0;
   plan.tiles_offset = round16(plan.heads * p.embed * 4);
@@ -604,12 +605,12 @@ std::optional<DecodePlan> decode_plan(const AttentionParams& p, int elem, const 
 }
 
 template <typename T, int Heads>
-cudaError_t launch_decode_typed(cudaStream_t stream, const AttentionParams& p, const DecodePlan& plan, void* out,
-                                int out_elem, Operand q, const void* k, const void* v, float* scratch) {
+cudaError_t launch_tiled_typed(cudaStream_t stream, const AttentionParams& p, const TiledPlan& plan, void* out,
+                               int out_elem, Operand q, const void* k, const void* v, float* scratch) {
   static std::atomic<int64_t> allowed_shared{48 * 1024};
   if (plan.shared_bytes > allowed_shared.load()) {
     const cudaError_t error =
-        cudaFuncSetAttribute(decode_attention_kernel<T, Heads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(tiled_attention_kernel<T, Heads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(plan.shared_bytes));
     if (error != cudaSuccess) return error;
     allowed_shared.store(plan.shared_bytes);
@@ -620,21 +621,20 @@ cudaError_t launch_decode_typed(cudaStream_t stream, const AttentionParams& p, c
   auto* counters = reinterpret_cast<unsigned*>(values + rows * plan.splits * p.value_embed);
   const int64_t segments = p.length == 1 ? p.k_heads : p.q_heads;
   const dim3 grid(static_cast<unsigned>(p.batch * segments * plan.chunks), static_cast<unsigned>(plan.splits));
-  return launch_dependent(decode_attention_kernel<T, Heads>, grid, kDecodeThreads, plan.shared_bytes, stream, p, plan,
-                          q, static_cast<const T*>(k), static_cast<const T*>(v), out, out_elem, stats, values,
-                          counters);
+  return launch_dependent(tiled_attention_kernel<T, Heads>, grid, kTiledThreads, plan.shared_bytes, stream, p, plan, q,
+                          static_cast<const T*>(k), static_cast<const T*>(v), out, out_elem, stats, values, counters);
 }
 
 template <int Rows>
-cudaError_t launch_tiled(cudaStream_t stream, const AttentionParams& p, const DecodePlan& plan, int elem, void* out,
+cudaError_t launch_tiled(cudaStream_t stream, const AttentionParams& p, const TiledPlan& plan, int elem, void* out,
                          int out_elem, Operand q, Operand k, Operand v, float* scratch) {
   switch (elem) {
     case kF32:
-      return launch_decode_typed<float, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
+      return launch_tiled_typed<float, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
     case kF16:
-      return launch_decode_typed<__half, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
+      return launch_tiled_typed<__half, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
     default:
-      return launch_decode_typed<__nv_bfloat16, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
+      return launch_tiled_typed<__nv_bfloat16, Rows>(stream, p, plan, out, out_elem, q, k.data, v.data, scratch);
   }
 }
 
@@ -654,7 +654,7 @@ cudaError_t launch_attention(cudaStream_t stream, const AttentionParams& p, void
   const int64_t rows = p.batch * p.q_heads * p.length;
   if (rows <= 0) return cudaGetLastError();
   const bool split_scratch = scratch && attention_scratch_floats(p) > 0;
-  if (const auto plan = k.elem == v.elem ? decode_plan(p, k.elem, k.data, v.data, split_scratch) : std::nullopt) {
+  if (const auto plan = k.elem == v.elem ? tiled_plan(p, k.elem, k.data, v.data, split_scratch) : std::nullopt) {
     if (p.length == 1)
       return launch_tiled<kDecodeHeadsPerBlock>(stream, p, *plan, k.elem, out, out_elem, q, k, v, scratch);
     return launch_tiled<kPrefillRowsPerBlock>(stream, p, *plan, k.elem, out, out_elem, q, k, v, scratch);
