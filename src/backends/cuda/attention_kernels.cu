@@ -1,5 +1,6 @@
-// Attention kernels: the general form (one block per query row, or its keys split over blocks and combined) and
-// the decode form (one query row per head against a cache, grouped-query aware, 16-byte tiles in shared memory).
+// Attention kernels: the tiled form (query rows sharing a key/value head against 16-byte tiles of keys and values in
+// shared memory; decode splits the keys into runs that the last one combines) and the general form for the rest (one
+// block per query row, or its keys split over blocks and combined by a second kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

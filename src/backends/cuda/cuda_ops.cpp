@@ -536,7 +536,7 @@ std::optional<Launch> attention_op(const OpContext& ctx) {
   if (const int64_t floats = attention_scratch_floats(p); floats > 0) {
     scratch = std::make_shared<DeviceBuffer>(static_cast<size_t>(floats) * sizeof(float),
                                              where(ctx.node) + ": attention partials");
-    // The decode kernel's counters (at the end) start at zero; its last block of each head group resets its own.
+    // The tiled kernel's run counters (at the end) start at zero; the last run of each head resets its own.
     NPUSIM_CUDA_CHECK(cudaMemset(scratch->data(), 0, scratch->size()), where(ctx.node));
   }
   return [node = &ctx.node, p, out, q, k, v, scratch](cudaStream_t stream) {
