@@ -402,6 +402,69 @@ TEST(ConvKernels, WinogradWideImagesMatchReference) {
     }
 }
 
+// Rows of 2 to 16 tiles, F(4x4) and F(2x2), paddings 0 to 2: the input plane copied inside its zero border, the
+// phase split and the horizontal pass in whole vectors of tiles (the lanes past a row of tiles computed and then
+// overwritten by the next row), the output rows interleaved likewise. Workspace and output prefilled with NaN;
+// every element against a double-precision convolution with bias, residual and ReLU, on 1 and 2 threads.
+TEST(ConvKernels, WinogradEdgeTilesMatchDoubleReference) {
+  const std::vector<WinogradShape> cases = {
+      {19, 16, 12, 13, 1},  // F4, 4 tiles a row, 3 rows of tiles
+      {17, 18, 20, 26, 1},  // F4, 7 tiles a row
+      {16, 17, 30, 22, 0},  // F4, 5 tiles a row, no padding
+      {16, 16, 36, 9, 1},   // F4, 3 tiles a row (not rounded up: 8 lanes would span three rows)
+      {16, 16, 9, 60, 2},   // F4, 16 tiles a row, padding 2
+      {16, 16, 5, 27, 2},   // F4, 8 tiles a row, 2 rows of tiles
+      {16, 16, 13, 9, 2},   // F4, 3 tiles a row, padding 2
+      {21, 16, 8, 11, 1},   // F2, 6 tiles a row
+      {16, 20, 10, 5, 0},   // F2, 2 tiles a row
+      {16, 16, 7, 7, 1},    // F2, 4 tiles a row (ResNet's last stage)
+  };
+  for (const WinogradShape& c : cases)
+    for (int threads : {1, 2}) {
+      WinogradOperands o = winograd_operands(c, 41);
+      const std::string label = o.label + " threads " + std::to_string(threads);
+      const WinogradConv::Geometry& g = o.g;
+      ASSERT_TRUE(WinogradConv::suitable(g)) << label;
+      const float *x = o.x.data<float>(), *w = o.w.data<float>(), *bias = o.bias.data<float>(),
+                  *residual = o.residual.data<float>();
+      ThreadPool pool(threads);
+      ScratchSpace scratch;
+      const WinogradConv conv(g, o.w.bytes(), Elem::F32, scratch);
+      scratch.allocate(pool.size());
+      float* scratch_floats = scratch.shared_as<float>();
+      std::fill(scratch_floats, scratch_floats + scratch.allocated_bytes() / sizeof(float), NAN);
+      std::vector<float> workspace(static_cast<size_t>(conv.workspace_floats()), NAN);
+      std::vector<float> out(static_cast<size_t>(c.cout * o.pixels), NAN);
+      GemmEpilogue epilogue;
+      epilogue.bias = bias;
+      epilogue.residual = o.residual.bytes();
+      epilogue.residual_ld = o.pixels;
+      epilogue.activation = GemmActivation::Relu;
+      conv.run(x, workspace.data(), {reinterpret_cast<std::byte*>(out.data()), Elem::F32, o.pixels}, epilogue, pool,
+               scratch);
+      for (int64_t oc = 0; oc < c.cout; ++oc)
+        for (int64_t oy = 0; oy < g.out_h; ++oy)
+          for (int64_t ox = 0; ox < g.out_w; ++ox) {
+            const int64_t at = (oc * g.out_h + oy) * g.out_w + ox;
+            double sum = bias[oc] + static_cast<double>(residual[at]);
+            double magnitude = std::abs(bias[oc]) + std::abs(residual[at]);
+            for (int64_t ic = 0; ic < c.cin; ++ic)
+              for (int64_t ky = 0; ky < 3; ++ky)
+                for (int64_t kx = 0; kx < 3; ++kx) {
+                  const int64_t iy = oy + ky - c.pad, ix = ox + kx - c.pad;
+                  if (iy < 0 || iy >= c.height || ix < 0 || ix >= c.width) continue;
+                  const double term = static_cast<double>(x[(ic * c.height + iy) * c.width + ix]) *
+                                      w[((oc * c.cin + ic) * 3 + ky) * 3 + kx];
+                  sum += term;
+                  magnitude += std::abs(term);
+                }
+            const double expected = std::max(sum, 0.0);
+            ASSERT_NEAR(out[static_cast<size_t>(at)], expected, 1e-5 * magnitude + 1e-5)
+                << label << " at channel " << oc << " row " << oy << " column " << ox;
+          }
+    }
+}
+
 TEST(ConvKernels, WinogradOnlyWhereItPays) {
   EXPECT_FALSE(WinogradConv::suitable({3, 64, 32, 32, 1, 1, 32, 32}));
   EXPECT_FALSE(WinogradConv::suitable({64, 8, 32, 32, 1, 1, 32, 32}));

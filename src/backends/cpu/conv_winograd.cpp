@@ -1,8 +1,9 @@
-// Winograd convolution. Transforms work one channel at a time with the tiles as vector lanes: the input rows under
-// the tiles are split by phase (column modulo the tile side), so that element k of every tile is one contiguous
-// array and both 1-D passes become plain loops over the tiles (the vertical input pass and both output passes over
-// all tiles of the channel at once). Transformed inputs V live as alpha^2 matrices [Cin, tiles], the GEMM products
-// M as [Cout, tiles] (or [tiles, Cout] when there are few tiles).
+// Winograd convolution. Transforms work one channel at a time with the tiles as vector lanes: the channel is copied
+// inside a zero border and its rows under the tiles are split by phase (column modulo the tile side), so that element
+// k of every tile is one contiguous array and both 1-D passes become plain loops over the tiles (the vertical input
+// pass and both output passes over all tiles of the channel at once). Transformed inputs V live as alpha^2 matrices
+// [Cin, tiles], the GEMM products M as [Cout, tiles] (or [tiles, Cout] when there are few tiles), each matrix an odd
+// number of cache lines after the previous.
 #include "backends/cpu/conv_winograd.h"
 
 #include <algorithm>
@@ -86,6 +87,33 @@ constexpr double kG2[4][3] = {{1, 0, 0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0, 
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// `count` lanes rounded up to whole eight-lane vectors when that at most doubles them (the rounded lanes of one row
+// of tiles then end inside the next row), else `count`.
+int64_t vector_lanes(int64_t count) {
+  const int64_t rounded = ceil_div(count, 8) * 8;
+  return rounded <= 2 * count ? rounded : count;
+}
+
+// Floats from one transform point's matrix to the next: `floats` rounded up to an odd number of 64-byte lines, so
+// that the transforms' alpha^2 streams, one per point, fall into different cache sets.
+int64_t point_stride(int64_t floats) {
+  const int64_t lines = ceil_div(floats, 16);
+  return (lines % 2 == 0 ? lines + 1 : lines) * 16;
+}
+
+// Where the input transform keeps a channel: the zero-bordered plane (rows of `padded_w`, with slack for the whole
+// vectors read past the last row) and the phase arrays (`phase_stride` apart, with slack for the whole vectors of
+// tiles written past the last row of tiles).
+struct InputLayout {
+  int64_t padded_w, padded_floats, phase_stride, deinterleaved_row, lanes;
+};
+
+InputLayout input_layout(int m, int64_t tiles_h, int64_t tiles_w) {
+  const int64_t row = tiles_w + 1, deinterleaved_row = ceil_div(row, 8) * 8;
+  const int64_t padded_w = row * m, padded_floats = (tiles_h * m + 2) * padded_w + (deinterleaved_row - row) * m;
+  return {padded_w, padded_floats, tiles_h * row + deinterleaved_row - row, deinterleaved_row, tiles_h * row};
+}
 
 // The 1-D transforms over pointer arrays, compiled twice: for the baseline ISA and for AVX2 (the same operations,
 // eight lanes at a time; no FMA, so both give the same bits).
@@ -298,7 +326,8 @@ WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weig
   gemm_ = tiles_as_rows_
               ? PackedGemm({.m = tiles, .n = cout, .k = cin, .b_prepacked = true, .max_threads = 1}, scratch)
               : PackedGemm({.m = cout, .n = tiles, .k = cin, .a_prepacked = true, .max_threads = 1}, scratch);
-  const int64_t input_floats = 2 * alpha * tile_ * tiles_h_ * (tiles_w_ + 1);
+  const InputLayout layout = input_layout(tile_, tiles_h_, tiles_w_);
+  const int64_t input_floats = layout.padded_floats + alpha * tile_ * (layout.phase_stride + layout.lanes);
   const int64_t output_floats =
       (alpha * alpha + alpha * tile_ + tile_ * tile_) * tiles + g.out_h * g.out_w + tiles_w_ * tile_ + 16;
   scratch.reserve_per_worker(static_cast<size_t>(std::max(input_floats, output_floats)) * sizeof(float));
@@ -374,7 +403,7 @@ void WinogradConv::transform_weights(const std::byte* weight, Elem weight_elem, 
 
 int64_t WinogradConv::workspace_floats() const {
   const int64_t points = (tile_ + 2) * (tile_ + 2), tiles = tiles_h_ * tiles_w_;
-  return points * tiles * (g_.in_channels + g_.out_channels);
+  return points * (point_stride(g_.in_channels * tiles) + point_stride(g_.out_channels * tiles));
 }
 
 void WinogradConv::run(const float* input, float* workspace, const GemmOutput& out, const GemmEpilogue& epilogue,
@@ -382,8 +411,9 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
   const int m = tile_, alpha = tile_ + 2, points = alpha * alpha;
   const int64_t cin = g_.in_channels, cout = g_.out_channels, tw = tiles_w_, tiles = tiles_h_ * tiles_w_;
   const int64_t height = g_.height, width = g_.width, row = tw + 1;
-  float* v = workspace;                        // [points][cin][tiles]
-  float* products = v + points * cin * tiles;  // [points][cout][tiles] or [points][tiles][cout]
+  const int64_t v_stride = point_stride(cin * tiles), products_stride = point_stride(cout * tiles);
+  float* v = workspace;                     // [points][cin][tiles], v_stride apart
+  float* products = v + points * v_stride;  // [points][cout][tiles] or [points][tiles][cout]
   const bool avx2 = cpu_features().avx2_fma_f16c();
   const Transforms transform = transforms(m, avx2);
   const Transform& input_1d = transform.input;
@@ -391,74 +421,63 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
 
   // Input tiles, one channel per step: the vertical pass runs over every row of tiles at once.
   const int64_t lanes = tiles_h_ * row;
+  // Whole vectors per row of tiles in the horizontal pass and the output interleave, but for the last row: the
+  // lanes past the row read the next row's inputs and write what the next row then overwrites.
+  const int64_t padded_row = vector_lanes(tw);
+  // The input plane is copied inside a zero border [tiles_h * m + 2][row * m] (every tile's window lies inside),
+  // and the phase split takes whole rows of it.
+  const InputLayout layout = input_layout(m, tiles_h_, tw);
+  const int64_t padded_w = layout.padded_w, padded_floats = layout.padded_floats, phase_stride = layout.phase_stride,
+                deinterleaved_row = layout.deinterleaved_row;
   pool.parallel_for(cin, 1, [&](int64_t begin, int64_t end, int worker) {
-    float* phases = scratch.worker_as<float>(worker);  // [alpha rows][m phases][tiles_h][row]
-    float* rows = phases + alpha * m * lanes;          // the same after the vertical pass
-    // What lies outside the image stays zero: every channel writes the same inside positions.
-    std::fill(phases, rows, 0.0f);
-    // Per phase: the tiles l whose column l * m + ph - pad lies inside the image.
-    int64_t first[4], last[4];
-    for (int ph = 0; ph < m; ++ph) {
-      const int64_t shift = ph - g_.pad_w;
-      first[ph] = std::min(row, shift >= 0 ? 0 : ceil_div(-shift, m));
-      last[ph] = std::clamp<int64_t>(ceil_div(width - shift, m), first[ph], row);
-    }
-    const int64_t inner_first = *std::max_element(first, first + m), inner_last = *std::min_element(last, last + m);
-    // Per phase, the border tiles outside [inner_first, inner_last): [first, left_end) and [right_begin, last).
-    int64_t left_end[4], right_begin[4];
-    for (int ph = 0; ph < m; ++ph) {
-      left_end[ph] = std::min(inner_first, last[ph]);
-      right_begin[ph] = std::max(inner_last, first[ph]);
-    }
+    float* padded = scratch.worker_as<float>(worker);  // the channel inside its zero border, then slack
+    float* phases = padded + padded_floats;            // [alpha rows][m phases][tiles_h][row], phase_stride apart
+    float* rows = phases + alpha * m * phase_stride;   // [alpha rows][m phases][tiles_h][row] after the vertical pass
+    // The border stays zero: every channel writes the same inside positions.
+    std::fill(padded, phases, 0.0f);
     // Horizontal input k of tile l is column m l + k: phase k % m, tile l + k / m.
     int64_t horizontal[6];
     for (int k = 0; k < alpha; ++k) horizontal[k] = (k % m) * lanes + k / m;
     for (int64_t c = begin; c < end; ++c) {
       const float* plane = input + c * height * width;
+      for (int64_t iy = 0; iy < height; ++iy)
+        std::memcpy(padded + (iy + g_.pad_h) * padded_w + g_.pad_w, plane + iy * width,
+                    static_cast<size_t>(width) * sizeof(float));
+      // Element (l, ph) of a row at src[m l + ph]; whole vectors of tiles, the lanes past the row of tiles landing
+      // in the next row's place (written after) or in the slack of the last.
       for (int64_t ty = 0; ty < tiles_h_; ++ty)
         for (int k = 0; k < alpha; ++k) {
-          const int64_t iy = ty * m - g_.pad_h + k;
-          if (iy < 0 || iy >= height) continue;
-          // Element (l, ph) at src[m l + ph]: the tiles every phase has inside the image in one pass, the
-          // borders phase by phase.
-          const float* src = plane + iy * width - g_.pad_w;
           float* q[4];
-          for (int ph = 0; ph < m; ++ph) {
-            q[ph] = phases + (k * m + ph) * lanes + ty * row;
-            for (int64_t l = first[ph]; l < left_end[ph]; ++l) q[ph][l] = src[l * m + ph];
-            for (int64_t l = right_begin[ph]; l < last[ph]; ++l) q[ph][l] = src[l * m + ph];
-          }
-          if (inner_first < inner_last) {
-            float* inner[4];
-            for (int ph = 0; ph < m; ++ph) inner[ph] = q[ph] + inner_first;
-            deinterleave(src + inner_first * m, m, inner, inner_last - inner_first, avx2);
-          }
+          for (int ph = 0; ph < m; ++ph) q[ph] = phases + (k * m + ph) * phase_stride + ty * row;
+          deinterleave(padded + (ty * m + k) * padded_w, m, q, deinterleaved_row, avx2);
         }
       const float* in[6];
       float* outs[6];
       for (int ph = 0; ph < m; ++ph) {
         for (int k = 0; k < alpha; ++k) {
-          in[k] = phases + (k * m + ph) * lanes;
+          in[k] = phases + (k * m + ph) * phase_stride;
           outs[k] = rows + (k * m + ph) * lanes;
         }
         input_1d(in, outs, lanes);
       }
-      for (int64_t ty = 0; ty < tiles_h_; ++ty)
+      for (int64_t ty = 0; ty < tiles_h_; ++ty) {
+        const int64_t count = ty + 1 < tiles_h_ ? padded_row : tw;
         for (int i = 0; i < alpha; ++i) {
           for (int k = 0; k < alpha; ++k) {
             in[k] = rows + i * m * lanes + ty * row + horizontal[k];
-            outs[k] = v + ((i * alpha + k) * cin + c) * tiles + ty * tw;
+            outs[k] = v + (i * alpha + k) * v_stride + c * tiles + ty * tw;
           }
-          input_1d(in, outs, tw);
+          input_1d(in, outs, count);
         }
+      }
     }
   });
 
   // One independent product per transform point.
   pool.parallel_for(points, 1, [&](int64_t begin, int64_t end, int worker) {
     for (int64_t xi = begin; xi < end; ++xi) {
-      const auto* vx = reinterpret_cast<const std::byte*>(v + xi * cin * tiles);
-      auto* px = reinterpret_cast<std::byte*>(products + xi * cout * tiles);
+      const auto* vx = reinterpret_cast<const std::byte*>(v + xi * v_stride);
+      auto* px = reinterpret_cast<std::byte*>(products + xi * products_stride);
       if (tiles_as_rows_)
         gemm_.run_on_worker(StridedOperand{vx, Elem::F32, tiles, true}, &weights_[static_cast<size_t>(xi)],
                             {px, Elem::F32, cout}, {}, worker, scratch);
@@ -478,11 +497,11 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
       const float* mt[36];
       for (int xi = 0; xi < points; ++xi) {
         if (!tiles_as_rows_) {
-          mt[xi] = products + (xi * cout + o) * tiles;
+          mt[xi] = products + xi * products_stride + o * tiles;
           continue;
         }
         float* dst = gathered + xi * tiles;
-        const float* src = products + xi * tiles * cout + o;
+        const float* src = products + xi * products_stride + o;
         for (int64_t t = 0; t < tiles; ++t) dst[t] = src[t * cout];
         mt[xi] = dst;
       }
@@ -498,15 +517,18 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
         for (int q = 0; q < m; ++q) outs[q] = done + (q * m + r) * tiles;
         output_1d(in, outs, tiles);
       }
-      for (int64_t ty = 0; ty < tiles_h_; ++ty)
+      for (int64_t ty = 0; ty < tiles_h_; ++ty) {
+        const int64_t count = ty + 1 < tiles_h_ ? padded_row : tw;
         for (int q = 0; q < m; ++q) {
           const int64_t oy = ty * m + q;
           if (oy >= g_.out_h) break;
           const float* y[4];
           for (int r = 0; r < m; ++r) y[r] = done + (q * m + r) * tiles + ty * tw;
-          // tw * m >= out_w values: the overhang is overwritten by the next row, or lies in the slack after the plane.
-          interleave(y, m, plane + oy * g_.out_w, tw, avx2);
+          // count * m >= out_w values: the overhang is overwritten by the next rows (count <= 2 tw, so it ends in
+          // the next row of tiles), or lies in the slack after the plane.
+          interleave(y, m, plane + oy * g_.out_w, count, avx2);
         }
+      }
       store_through_epilogue(plane, 0, 1, g_.out_h * g_.out_w, o, 0, out, epilogue);
     }
   });
