@@ -418,6 +418,10 @@ TEST(ConvKernels, WinogradEdgeTilesMatchDoubleReference) {
       {21, 16, 8, 11, 1},   // F2, 6 tiles a row
       {16, 20, 10, 5, 0},   // F2, 2 tiles a row
       {16, 16, 7, 7, 1},    // F2, 4 tiles a row (ResNet's last stage)
+      {16, 16, 6, 38, 0},   // F4, one row of 9 tiles (the last row of tiles is the first)
+      {16, 17, 2, 41, 1},   // F2, one row of 21 tiles
+      {33, 16, 60, 3, 1},   // F4, 1 tile a row, 15 rows of tiles
+      {16, 31, 14, 14, 1},  // F4, 4 tiles a row, 4 rows (ResNet's 14x14 stage), odd channel count
   };
   for (const WinogradShape& c : cases)
     for (int threads : {1, 2}) {

@@ -139,6 +139,53 @@ NPUSIM_WINOGRAD_TRANSFORMS(_avx2, NPUSIM_WINOGRAD_AVX2)
 #endif
 #undef NPUSIM_WINOGRAD_TRANSFORMS
 
+// The horizontal input pass of one channel: transform row i of the tiles in row ty (lanes `row` apart per row of
+// tiles in `rows`) into V[i][k], all rows of tiles and transform rows in one call (these runs are only a few vectors
+// long, so a call per run would cost about as much as the arithmetic).
+struct HorizontalPass {
+  const float* rows;
+  int64_t lanes, row, tiles_h, tiles_w, padded_row;
+  const int64_t* horizontal;  // where horizontal input k of tile 0 lies in a transform row
+  float* v;                   // V[0][0] of this channel
+  int64_t v_stride;
+};
+
+template <int M>
+[[gnu::always_inline]] inline void input_horizontal(const HorizontalPass& p) {
+  constexpr int alpha = M + 2;
+  const int64_t* h = p.horizontal;
+  for (int64_t ty = 0; ty < p.tiles_h; ++ty) {
+    const int64_t count = ty + 1 < p.tiles_h ? p.padded_row : p.tiles_w;
+    for (int i = 0; i < alpha; ++i) {
+      const float* in = p.rows + i * M * p.lanes + ty * p.row;
+      float* out = p.v + i * alpha * p.v_stride + ty * p.tiles_w;
+      const int64_t s = p.v_stride;
+      if constexpr (M == 4)
+        input_lanes_f4(in + h[0], in + h[1], in + h[2], in + h[3], in + h[4], in + h[5], out, out + s, out + 2 * s,
+                       out + 3 * s, out + 4 * s, out + 5 * s, count);
+      else
+        input_lanes_f2(in + h[0], in + h[1], in + h[2], in + h[3], out, out + s, out + 2 * s, out + 3 * s, count);
+    }
+  }
+}
+
+void input_horizontal_f4(const HorizontalPass& p) { input_horizontal<4>(p); }
+void input_horizontal_f2(const HorizontalPass& p) { input_horizontal<2>(p); }
+#ifdef NPUSIM_WINOGRAD_X86
+NPUSIM_WINOGRAD_AVX2 void input_horizontal_f4_avx2(const HorizontalPass& p) { input_horizontal<4>(p); }
+NPUSIM_WINOGRAD_AVX2 void input_horizontal_f2_avx2(const HorizontalPass& p) { input_horizontal<2>(p); }
+#endif
+
+using HorizontalPassFn = void (*)(const HorizontalPass&);
+
+HorizontalPassFn horizontal_pass(int m, bool avx2) {
+#ifdef NPUSIM_WINOGRAD_X86
+  if (avx2) return m == 4 ? input_horizontal_f4_avx2 : input_horizontal_f2_avx2;
+#endif
+  (void)avx2;
+  return m == 4 ? input_horizontal_f4 : input_horizontal_f2;
+}
+
 // One 1-D transform: the AVX2 build for eight lanes and more, the baseline one (four lanes a step) below that.
 struct Transform {
   Transform1d narrow = nullptr, wide = nullptr;
@@ -186,7 +233,7 @@ NPUSIM_WINOGRAD_AVX2 inline void deinterleave8x2(const float* src, float* const*
   _mm256_storeu_ps(q[1] + l, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odd), _MM_SHUFFLE(3, 1, 2, 0))));
 }
 
-NPUSIM_WINOGRAD_AVX2 int64_t deinterleave_avx2(const float* src, int m, float* const* q, int64_t count) {
+NPUSIM_WINOGRAD_AVX2 inline int64_t deinterleave_avx2(const float* src, int m, float* const* q, int64_t count) {
   int64_t l = 0;
   if (m == 4)
     for (; l + 8 <= count; l += 8) deinterleave8x4(src + 4 * l, q, l);
@@ -196,7 +243,7 @@ NPUSIM_WINOGRAD_AVX2 int64_t deinterleave_avx2(const float* src, int m, float* c
 }
 
 // line[m l + r] = y[r][l] for eight lanes (the inverse of the above).
-NPUSIM_WINOGRAD_AVX2 int64_t interleave_avx2(const float* const* y, int m, float* line, int64_t count) {
+NPUSIM_WINOGRAD_AVX2 inline int64_t interleave_avx2(const float* const* y, int m, float* line, int64_t count) {
   int64_t l = 0;
   if (m == 4) {
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);  // lanes 0..7 -> 0 2 4 6 | 1 3 5 7
@@ -223,26 +270,86 @@ NPUSIM_WINOGRAD_AVX2 int64_t interleave_avx2(const float* const* y, int m, float
 }
 #endif
 
-// q[ph][l] = src[m l + ph] for every phase ph < m and lane l < count.
-void deinterleave(const float* src, int m, float* const* q, int64_t count, bool avx2) {
-  int64_t l = 0;
+// The phase split of one bordered channel: for every row of tiles ty and window row k, phase ph of row ty m + k
+// goes to phases[(k m + ph) phase_stride + ty row + l] = padded[(ty m + k) padded_w + m l + ph], `count` lanes a
+// row (whole vectors of tiles, the lanes past the row of tiles landing in the next row's place, written after, or
+// in the slack of the last). One call per channel: its rows are only a few vectors long.
+struct PhaseSplit {
+  const float* padded;
+  int64_t padded_w;
+  float* phases;
+  int64_t phase_stride, row, tiles_h, count;
+  int m;
+};
+
+template <bool Avx2>
+[[gnu::always_inline]] inline void split_phases(const PhaseSplit& s) {
+  for (int64_t ty = 0; ty < s.tiles_h; ++ty)
+    for (int k = 0; k < s.m + 2; ++k) {
+      float* q[4];
+      for (int ph = 0; ph < s.m; ++ph) q[ph] = s.phases + (k * s.m + ph) * s.phase_stride + ty * s.row;
+      const float* src = s.padded + (ty * s.m + k) * s.padded_w;
+      int64_t l = 0;
 #ifdef NPUSIM_WINOGRAD_X86
-  if (avx2) l = deinterleave_avx2(src, m, q, count);
+      if constexpr (Avx2) l = deinterleave_avx2(src, s.m, q, s.count);
 #endif
-  (void)avx2;
-  for (; l < count; ++l)
-    for (int ph = 0; ph < m; ++ph) q[ph][l] = src[l * m + ph];
+      for (; l < s.count; ++l)
+        for (int ph = 0; ph < s.m; ++ph) q[ph][l] = src[l * s.m + ph];
+    }
 }
 
-// line[m l + r] = y[r][l] for every r < m and lane l < count.
-void interleave(const float* const* y, int m, float* line, int64_t count, bool avx2) {
-  int64_t l = 0;
+// The interleave of one output channel: row oy = ty m + q of the plane gets plane[oy out_w + m l + r] =
+// done[(q m + r) tiles + ty tiles_w + l]. `count` lanes a row but for the last row of tiles: count * m >= out_w, the
+// overhang overwritten by the next rows (count <= 2 tiles_w, so it ends in the next row of tiles) or lying in the
+// slack after the plane.
+struct RowMerge {
+  const float* done;
+  int64_t tiles, tiles_h, tiles_w, count, out_h, out_w;
+  float* plane;
+  int m;
+};
+
+template <bool Avx2>
+[[gnu::always_inline]] inline void merge_rows(const RowMerge& r) {
+  for (int64_t ty = 0; ty < r.tiles_h; ++ty) {
+    const int64_t count = ty + 1 < r.tiles_h ? r.count : r.tiles_w;
+    for (int q = 0; q < r.m; ++q) {
+      const int64_t oy = ty * r.m + q;
+      if (oy >= r.out_h) break;
+      const float* y[4];
+      for (int i = 0; i < r.m; ++i) y[i] = r.done + (q * r.m + i) * r.tiles + ty * r.tiles_w;
+      float* line = r.plane + oy * r.out_w;
+      int64_t l = 0;
 #ifdef NPUSIM_WINOGRAD_X86
-  if (avx2) l = interleave_avx2(y, m, line, count);
+      if constexpr (Avx2) l = interleave_avx2(y, r.m, line, count);
+#endif
+      for (; l < count; ++l)
+        for (int i = 0; i < r.m; ++i) line[l * r.m + i] = y[i][l];
+    }
+  }
+}
+
+void split_phases_plain(const PhaseSplit& s) { split_phases<false>(s); }
+void merge_rows_plain(const RowMerge& r) { merge_rows<false>(r); }
+#ifdef NPUSIM_WINOGRAD_X86
+NPUSIM_WINOGRAD_AVX2 void split_phases_avx2(const PhaseSplit& s) { split_phases<true>(s); }
+NPUSIM_WINOGRAD_AVX2 void merge_rows_avx2(const RowMerge& r) { merge_rows<true>(r); }
+#endif
+
+void split_phases(const PhaseSplit& s, bool avx2) {
+#ifdef NPUSIM_WINOGRAD_X86
+  if (avx2) return split_phases_avx2(s);
 #endif
   (void)avx2;
-  for (; l < count; ++l)
-    for (int r = 0; r < m; ++r) line[l * m + r] = y[r][l];
+  split_phases_plain(s);
+}
+
+void merge_rows(const RowMerge& r, bool avx2) {
+#ifdef NPUSIM_WINOGRAD_X86
+  if (avx2) return merge_rows_avx2(r);
+#endif
+  (void)avx2;
+  merge_rows_plain(r);
 }
 
 }  // namespace
@@ -418,6 +525,7 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
   const Transforms transform = transforms(m, avx2);
   const Transform& input_1d = transform.input;
   const Transform& output_1d = transform.output;
+  const HorizontalPassFn horizontal_1d = horizontal_pass(m, avx2);
 
   // Input tiles, one channel per step: the vertical pass runs over every row of tiles at once.
   const int64_t lanes = tiles_h_ * row;
@@ -443,14 +551,7 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
       for (int64_t iy = 0; iy < height; ++iy)
         std::memcpy(padded + (iy + g_.pad_h) * padded_w + g_.pad_w, plane + iy * width,
                     static_cast<size_t>(width) * sizeof(float));
-      // Element (l, ph) of a row at src[m l + ph]; whole vectors of tiles, the lanes past the row of tiles landing
-      // in the next row's place (written after) or in the slack of the last.
-      for (int64_t ty = 0; ty < tiles_h_; ++ty)
-        for (int k = 0; k < alpha; ++k) {
-          float* q[4];
-          for (int ph = 0; ph < m; ++ph) q[ph] = phases + (k * m + ph) * phase_stride + ty * row;
-          deinterleave(padded + (ty * m + k) * padded_w, m, q, deinterleaved_row, avx2);
-        }
+      split_phases({padded, padded_w, phases, phase_stride, row, tiles_h_, deinterleaved_row, m}, avx2);
       const float* in[6];
       float* outs[6];
       for (int ph = 0; ph < m; ++ph) {
@@ -460,16 +561,7 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
         }
         input_1d(in, outs, lanes);
       }
-      for (int64_t ty = 0; ty < tiles_h_; ++ty) {
-        const int64_t count = ty + 1 < tiles_h_ ? padded_row : tw;
-        for (int i = 0; i < alpha; ++i) {
-          for (int k = 0; k < alpha; ++k) {
-            in[k] = rows + i * m * lanes + ty * row + horizontal[k];
-            outs[k] = v + (i * alpha + k) * v_stride + c * tiles + ty * tw;
-          }
-          input_1d(in, outs, count);
-        }
-      }
+      horizontal_1d({rows, lanes, row, tiles_h_, tw, padded_row, horizontal, v + c * tiles, v_stride});
     }
   });
 
@@ -517,18 +609,7 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
         for (int q = 0; q < m; ++q) outs[q] = done + (q * m + r) * tiles;
         output_1d(in, outs, tiles);
       }
-      for (int64_t ty = 0; ty < tiles_h_; ++ty) {
-        const int64_t count = ty + 1 < tiles_h_ ? padded_row : tw;
-        for (int q = 0; q < m; ++q) {
-          const int64_t oy = ty * m + q;
-          if (oy >= g_.out_h) break;
-          const float* y[4];
-          for (int r = 0; r < m; ++r) y[r] = done + (q * m + r) * tiles + ty * tw;
-          // count * m >= out_w values: the overhang is overwritten by the next rows (count <= 2 tw, so it ends in
-          // the next row of tiles), or lies in the slack after the plane.
-          interleave(y, m, plane + oy * g_.out_w, count, avx2);
-        }
-      }
+      merge_rows({done, tiles, tiles_h_, tw, padded_row, g_.out_h, g_.out_w, plane, m}, avx2);
       store_through_epilogue(plane, 0, 1, g_.out_h * g_.out_w, o, 0, out, epilogue);
     }
   });
