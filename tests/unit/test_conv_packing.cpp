@@ -12,6 +12,7 @@
 
 #include "backends/cpu/packed_gemm.h"
 #include "npusim/error.h"
+#include "unit/patch_matrix.h"
 
 namespace npusim::cpu {
 namespace {
@@ -70,23 +71,6 @@ const std::vector<ConvShape> kShapes = {
     {0, 6, 130, 3, 3, 2, 2, 1, 1, 1, 1},
 };
 
-// The explicit patch matrix [channels * kh * kw, out_h * out_w].
-std::vector<float> explicit_patches(const ConvShape& g, const Im2colOperand& s, const std::vector<float>& input) {
-  const int64_t n = s.out_h * s.out_w, k = g.channels * g.kh * g.kw;
-  std::vector<float> patches(static_cast<size_t>(k * n), 0.0f);
-  for (int64_t c = 0; c < g.channels; ++c)
-    for (int64_t ky = 0; ky < g.kh; ++ky)
-      for (int64_t kx = 0; kx < g.kw; ++kx)
-        for (int64_t oy = 0; oy < s.out_h; ++oy)
-          for (int64_t ox = 0; ox < s.out_w; ++ox) {
-            const int64_t iy = oy * g.sh - g.ph + ky * g.dh, ix = ox * g.sw - g.pw + kx * g.dw;
-            if (iy >= 0 && iy < g.height && ix >= 0 && ix < g.width)
-              patches[static_cast<size_t>(((c * g.kh + ky) * g.kw + kx) * n + oy * s.out_w + ox)] =
-                  input[static_cast<size_t>((c * g.height + iy) * g.width + ix)];
-          }
-  return patches;
-}
-
 // C = A [m, k] (prepacked) times the patches of `s` plus a row bias and a residual, then ReLU, into rows of ldc
 // n + 3 filled with NaN first; every element against double sums, and the row padding left NaN.
 void check_product(const ConvShape& g, const Im2colOperand& s, const std::vector<float>& patches, int threads,
@@ -126,7 +110,7 @@ TEST(ConvPacking, PatchesFromTheInputMatchExplicitPatches) {
     for (const ConvShape& g : kShapes) {
       const std::vector<float> input = quarters(g.channels * g.height * g.width, 2);
       const Im2colOperand s = operand(g, input.data());
-      const std::vector<float> patches = explicit_patches(g, s, input);
+      const std::vector<float> patches = test::explicit_patch_matrix(s);
       for (int threads : {1, 2}) {
         check_product(g, s, patches, threads,
                       describe(g) + " kernel " + std::to_string(static_cast<int>(kernel)) + " threads " +
@@ -150,7 +134,7 @@ TEST(ConvPacking, PatchesFromPhasesMatchExplicitPatches) {
     for (const ConvShape& g : kShapes) {
       const std::vector<float> input = quarters(g.channels * g.height * g.width, 3);
       Im2colOperand s = operand(g, input.data());
-      const std::vector<float> patches = explicit_patches(g, s, input);
+      const std::vector<float> patches = test::explicit_patch_matrix(s);
       for (int threads : {1, 2}) {
         ThreadPool pool(threads);
         const std::vector<float> phases = split(s, threads == 2 ? &pool : nullptr);

@@ -12,6 +12,7 @@
 
 #include "backends/cpu/packed_gemm.h"
 #include "npusim/error.h"
+#include "unit/patch_matrix.h"
 
 namespace npusim::cpu {
 namespace {
@@ -340,17 +341,7 @@ TEST(PackedGemm, Im2colOperandMatchesExplicitPatches) {
     const std::vector<float> input = values(g.channels, g.height * g.width, 2);
     s.input = input.data();
     const int64_t k = g.channels * g.kh * g.kw, n = s.out_h * s.out_w, m = 7;
-    std::vector<float> patches(static_cast<size_t>(k * n), 0.0f);
-    for (int64_t c = 0; c < g.channels; ++c)
-      for (int64_t ky = 0; ky < g.kh; ++ky)
-        for (int64_t kx = 0; kx < g.kw; ++kx)
-          for (int64_t oy = 0; oy < s.out_h; ++oy)
-            for (int64_t ox = 0; ox < s.out_w; ++ox) {
-              const int64_t iy = oy * g.sh - g.ph + ky * g.dh, ix = ox * g.sw - g.pw + kx * g.dw;
-              if (iy >= 0 && iy < g.height && ix >= 0 && ix < g.width)
-                patches[static_cast<size_t>(((c * g.kh + ky) * g.kw + kx) * n + oy * s.out_w + ox)] =
-                    input[static_cast<size_t>((c * g.height + iy) * g.width + ix)];
-            }
+    const std::vector<float> patches = test::explicit_patch_matrix(s);
     const std::vector<float> a = values(m, k, 9);
     const std::vector<std::byte> a_bytes = store(a, m, k, Elem::F32, k, false);
     for (int threads : {1, 2}) {
