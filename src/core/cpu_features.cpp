@@ -28,7 +28,7 @@ bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
   return (r[reg] >> bit) & 1;
 }
 
-constexpr int kEax = 0, kEdx = 3;
+constexpr int kEax = 0, kEcx = 2, kEdx = 3;
 
 // AMX needs the tile bit of CPUID leaf 7 and the OS saving the tile state (XCR0 bits 17 and 18).
 bool amx_usable() {
@@ -43,11 +43,12 @@ CpuFeatures detect() {
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
   // By CPUID where clang 14's __builtin_cpu_supports lacks the name (the fuzz build uses it).
-  f.f16c = cpuid_bit(1, 0, 2, 29);
+  f.f16c = cpuid_bit(1, 0, kEcx, 29);
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512bf16 = f.avx512f && cpuid_bit(7, 1, kEax, 5);  // the OS state is that of avx512f
+  f.avx512vnni = f.avx512f && cpuid_bit(7, 0, kEcx, 11);
   f.amx = amx_usable();
   f.amd = __builtin_cpu_is("amd");
   return f;
@@ -63,7 +64,7 @@ CpuFeatures capped(CpuFeatures f) {
   const std::string isa = cap;
   if (isa != "portable" && isa != "avx2" && isa != "avx512")
     fail("NPUSIM_CPU_ISA must be portable, avx2 or avx512, got '" + isa + "'");
-  if (isa != "avx512") f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.amx = false;
+  if (isa != "avx512") f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512vnni = f.amx = false;
   if (isa == "portable") f.avx2 = f.fma = f.f16c = false;
   return f;
 }

@@ -13,6 +13,7 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512bf16 = false;  // vdpbf16ps
+  bool avx512vnni = false;  // vpdpbusd
   bool amx = false;         // AMX tiles present and enabled by the OS
   bool amd = false;         // an AMD CPU (Zen 4 runs each 512-bit FMA as two 256-bit halves)
 

@@ -240,6 +240,7 @@ std::string probe_json(const MachineProbe& probe) {
         {"f16c", probe.features.f16c},
         {"avx512f", probe.features.avx512f},
         {"avx512bf16", probe.features.avx512bf16},
+        {"avx512vnni", probe.features.avx512vnni},
         {"amx", probe.features.amx}}},
       {"fma_kernel", probe.fma_kernel},
       {"read_gbps_1", probe.read_gbps_1},
@@ -260,6 +261,7 @@ std::string format_probe(const MachineProbe& probe) {
                                                 {"f16c", probe.features.f16c},
                                                 {"avx512f", probe.features.avx512f},
                                                 {"avx512bf16", probe.features.avx512bf16},
+                                                {"avx512vnni", probe.features.avx512vnni},
                                                 {"amx", probe.features.amx}};
   for (const auto& [name, present] : named) {
     if (!present) continue;

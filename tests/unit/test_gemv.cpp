@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/gemv.h"
+#include "core/cpu_features.h"
 #include "npusim/error.h"
 
 namespace npusim::cpu {
@@ -162,7 +163,7 @@ void check_product(const TestWeight& w, int64_t m, const std::vector<float>& x, 
 std::vector<GemvIsa> available_isas() {
   force_gemv_isa(std::nullopt);
   std::vector<GemvIsa> isas;
-  for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2, GemvIsa::Avx512Bf16})
+  for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2, GemvIsa::Avx512})
     if (isa <= gemv_isa()) isas.push_back(isa);
   return isas;
 }
@@ -173,15 +174,15 @@ const char* isa_name(GemvIsa isa) {
       return "portable";
     case GemvIsa::Avx2:
       return "avx2";
-    case GemvIsa::Avx512Bf16:
-      return "avx512bf16";
+    case GemvIsa::Avx512:
+      return "avx512";
   }
   return "?";
 }
 
 // The bf16 dot products need activations that are bf16 values: the tests round them for that implementation.
 std::vector<float> activations_for(GemvIsa isa, const std::vector<float>& x) {
-  if (isa != GemvIsa::Avx512Bf16) return x;
+  if (isa != GemvIsa::Avx512 || !cpu_features().avx512bf16) return x;
   std::vector<float> rounded;
   for (float v : x) rounded.push_back(bf16_bits_to_float(float_to_bf16(v)));
   return rounded;

@@ -70,7 +70,7 @@ TEST(MachineProbe, FeaturesAgreeWithTheCompiler) {
   EXPECT_EQ(features.avx512bw, static_cast<bool>(__builtin_cpu_supports("avx512bw")));
   EXPECT_EQ(features.avx512vl, static_cast<bool>(__builtin_cpu_supports("avx512vl")));
   // Every CPU with AMX tiles or AVX-512 BF16 also has AVX-512.
-  if (features.amx || features.avx512bf16) EXPECT_TRUE(features.avx512f);
+  if (features.amx || features.avx512bf16 || features.avx512vnni) EXPECT_TRUE(features.avx512f);
 #else
   EXPECT_FALSE(features.avx2 || features.fma || features.f16c || features.avx512f || features.amx);
 #endif

@@ -49,12 +49,16 @@ struct Int8Activations {
   const int8_t* values = nullptr;  // [m, stride], zero past k
   const float* scales = nullptr;   // [m, blocks]
   int64_t stride = 0, blocks = 0;
+  // With AVX-512 VNNI and one row: per scale group of the weight, 128 times the sum over its blocks of scale times
+  // the block's sum of values: what offsetting the weights to unsigned adds to a row's sum, less its weight scale.
+  const float* offset_terms = nullptr;
 };
 
 // Scratch of the thread that quantizes; grows, never shrinks, so steady-state calls allocate nothing.
 struct ActivationScratch {
   std::vector<int8_t> values;
   std::vector<float> scales;
+  std::vector<float> offset_terms;
 };
 
 // A bf16 weight vector of 16 values widens to two fp32 vectors without a shuffle: 32-bit lane i holds weights 2i
@@ -606,6 +610,93 @@ void avx512_bf16_row(const GemvProblem& p, int64_t j) {
 }
 
 #pragma GCC diagnostic pop
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+bool vnni_products(const GemvProblem& p) { return p.m == 1 && cpu_features().avx512vnni && int8_products(p.weight); }
+
+// The offset terms of Int8Activations for the scale groups of `w`.
+void vnni_offset_terms(const GemvWeight& w, ActivationScratch& scratch, Int8Activations& a) {
+  const int64_t blocks_per_group = w.group >= w.k ? a.blocks : w.group / kActivationBlock;
+  scratch.offset_terms.assign(static_cast<size_t>((a.blocks + blocks_per_group - 1) / blocks_per_group), 0.0f);
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.values + b * kActivationBlock));
+    const __m256i sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, x);
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), sums);
+    int32_t total = 0;
+    for (int32_t lane : lanes) total += lane;
+    scratch.offset_terms[static_cast<size_t>(b / blocks_per_group)] += 128.0f * a.scales[b] * static_cast<float>(total);
+  }
+  a.offset_terms = scratch.offset_terms.data();
+}
+
+// One int8 weight row against one row of int8 activations with vpdpbusd, which multiplies unsigned by signed bytes:
+// the weights are offset to unsigned (w + 128, a flip of the sign bit), and what that adds is taken off the row's
+// sum once (the offset terms); each block's int32 sums are scaled and added in fp32.
+template <bool Grouped>
+void vnni_int8_row(const GemvProblem& p, const Int8Activations& a, int64_t j) {
+  const GemvWeight& w = p.weight;
+  const int64_t k = w.k, whole = k / kActivationBlock, groups = w.groups();
+  const int8_t* row = static_cast<const int8_t*>(w.values) + j * k;
+  const float* row_scales = w.scales + j * groups;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const auto pair = [&](int64_t b, __m512 acc) {  // blocks b and b + 1
+    const int64_t at = b * kActivationBlock;
+    const __m512i wv = _mm512_xor_si512(_mm512_loadu_si512(row + at), flip);
+    const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, _mm512_loadu_si512(a.values + at));
+    __m512 scale = _mm512_permutexvar_ps(
+        halves, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(a.scales + b)))));
+    if constexpr (Grouped) {  // the two blocks may lie in different groups
+      const __m128 both = _mm_setr_ps(row_scales[at / w.group], row_scales[(at + kActivationBlock) / w.group], 0, 0);
+      scale = _mm512_mul_ps(scale, _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(both)));
+    }
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc);
+  };
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t b = 0;
+  for (; b + 4 <= whole; b += 4) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + b * kActivationBlock + kPrefetchBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row + b * kActivationBlock + kPrefetchBytes + 64), _MM_HINT_T0);
+    acc[0] = pair(b, acc[0]);
+    acc[1] = pair(b + 2, acc[1]);
+  }
+  if (b + 2 <= whole) {
+    acc[0] = pair(b, acc[0]);
+    b += 2;
+  }
+  float sum = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+  for (; b < a.blocks; ++b) {  // an odd last block and the part block past the last whole one, offset like the others
+    int32_t dot = 0;
+    for (int64_t i = b * kActivationBlock; i < std::min(k, (b + 1) * kActivationBlock); ++i)
+      dot += (int32_t{row[i]} + 128) * int32_t{a.values[i]};
+    float scale = a.scales[b];
+    if constexpr (Grouped) scale *= row_scales[b * kActivationBlock / w.group];
+    sum += static_cast<float>(dot) * scale;
+  }
+  if constexpr (Grouped) {
+    for (int64_t g = 0; g < groups; ++g) sum -= row_scales[g] * a.offset_terms[g];
+  } else {
+    sum = (sum - a.offset_terms[0]) * row_scales[0];
+  }
+  store_result(p, 0, j, sum);
+}
+
+void vnni_int8_columns(const GemvProblem& p, const Int8Activations& a, int64_t begin, int64_t end) {
+  if (p.weight.group >= p.weight.k) {
+    for (int64_t j = begin; j < end; ++j) vnni_int8_row<false>(p, a, j);
+  } else {
+    for (int64_t j = begin; j < end; ++j) vnni_int8_row<true>(p, a, j);
+  }
+}
+
+#pragma GCC diagnostic pop
 #undef NPUSIM_GEMV_INLINE
 #pragma GCC pop_options
 #endif
@@ -614,7 +705,7 @@ GemvIsa detected_isa() {
 #ifdef NPUSIM_GEMV_X86
   const CpuFeatures& cpu = cpu_features();
   if (!cpu.avx2_fma_f16c()) return GemvIsa::Portable;
-  return cpu.avx512() && cpu.avx512bf16 ? GemvIsa::Avx512Bf16 : GemvIsa::Avx2;
+  return cpu.avx512() && (cpu.avx512bf16 || cpu.avx512vnni) ? GemvIsa::Avx512 : GemvIsa::Avx2;
 #else
   return GemvIsa::Portable;
 #endif
@@ -646,7 +737,7 @@ GemvIsa gemv_isa() {
 
 void force_gemv_isa(std::optional<GemvIsa> isa) {
   if (isa && *isa > detected_isa())
-    fail(std::string("gemv: this CPU lacks ") + (*isa == GemvIsa::Avx2 ? "AVX2, FMA or F16C" : "AVX-512 BF16") +
+    fail(std::string("gemv: this CPU lacks ") + (*isa == GemvIsa::Avx2 ? "AVX2, FMA or F16C" : "AVX-512 BF16 or VNNI") +
          ", so its kernels cannot be forced");
   forced_isa.store(isa ? static_cast<int>(*isa) : -1, std::memory_order_relaxed);
 }
@@ -668,10 +759,12 @@ Activations prepare_activations([[maybe_unused]] const GemvProblem& p) {
   const GemvIsa isa = gemv_isa();
   if (isa == GemvIsa::Portable) return prepared;
   static thread_local PreparedScratch scratch;
-  if (isa == GemvIsa::Avx512Bf16 && paired_products(p) && p.x_bf16) {
+  if (isa == GemvIsa::Avx512 && cpu_features().avx512bf16 && paired_products(p) && p.x_bf16) {
     prepared.bf16 = p.x_bf16;
   } else if (int8_products(p.weight)) {
     avx2_quantize_activations(p, scratch.int8, scratch.quantized);
+    scratch.quantized.offset_terms = nullptr;
+    if (isa == GemvIsa::Avx512 && vnni_products(p)) vnni_offset_terms(p.weight, scratch.int8, scratch.quantized);
     prepared.int8 = &scratch.quantized;
   } else if (paired_products(p)) {
     scratch.paired.resize(static_cast<size_t>(p.weight.k));
@@ -684,7 +777,10 @@ Activations prepare_activations([[maybe_unused]] const GemvProblem& p) {
 
 void run_columns(const GemvProblem& p, const Activations& activations, int64_t begin, int64_t end) {
 #ifdef NPUSIM_GEMV_X86
-  if (activations.int8) return avx2_int8_columns(p, *activations.int8, begin, end);
+  if (activations.int8) {
+    if (activations.int8->offset_terms) return vnni_int8_columns(p, *activations.int8, begin, end);
+    return avx2_int8_columns(p, *activations.int8, begin, end);
+  }
   if (activations.bf16) {
     for (int64_t j = begin; j < end; ++j) avx512_bf16_row(p, j);
     return;

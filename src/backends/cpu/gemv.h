@@ -4,9 +4,10 @@
 // the speed. Weights stay in their storage form (fp32, fp16, bf16, or int8 with scales) and are widened to fp32
 // in registers; several weight rows are walked together so that each activation load serves them all. With an int8
 // weight on AVX2 the activations are quantized too (int8, one scale per block of 32 values along k) and the products
-// run on 8-bit integer multiply-adds; with a bf16 weight, one activation row and the same row given as bf16, CPUs
-// with AVX-512 BF16 multiply bf16 pairs directly; the portable path keeps fp32 activations. Work is split over the pool
-// by output columns (weight rows); nothing is allocated per call once a thread has seen its largest problem.
+// run on 8-bit integer multiply-adds (VNNI where the CPU has it); with a bf16 weight, one activation row and the same
+// row given as bf16, CPUs with AVX-512 BF16 multiply bf16 pairs directly; the portable path keeps fp32 activations.
+// Work is split over the pool by output columns (weight rows); nothing is allocated per call once a thread has seen its
+// largest problem.
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -53,9 +54,10 @@ void gemv_columns(const GemvProblem& problem, int64_t begin, int64_t end);
 // All columns, split over the pool.
 void gemv(const GemvProblem& problem, ThreadPool& pool);
 
-// Which implementation runs: chosen once from the CPU's features; tests may force a lesser one. Avx512Bf16 is the
-// AVX2 kernels plus bf16 dot products (vdpbf16ps) for bf16 weights.
-enum class GemvIsa : uint8_t { Portable, Avx2, Avx512Bf16 };
+// Which implementation runs: chosen once from the CPU's features; tests may force a lesser one. Avx512 is the AVX2
+// kernels plus the AVX-512 dot products the CPU has: bf16 pairs (vdpbf16ps) for bf16 weights, and for int8 weights
+// against one row of activations, bytes (vpdpbusd, VNNI).
+enum class GemvIsa : uint8_t { Portable, Avx2, Avx512 };
 GemvIsa gemv_isa();
 // Forces an implementation (nullopt: back to the CPU's choice). Forcing one the CPU lacks fails.
 void force_gemv_isa(std::optional<GemvIsa> isa);
