@@ -69,7 +69,8 @@ TestWeight make_weight(GemvWeightType type, int64_t n, int64_t k, int64_t group 
   } else if (type == GemvWeightType::Int8) {
     w.quantized =
         quantize_int8(reinterpret_cast<const std::byte*>(w.f32.data()), Elem::F32, n, k, group == 0 ? k : group);
-    for (int64_t j = 0; j < n; ++j) w.quantized.dequantize_row(j, w.exact.data() + j * k);
+    for (int64_t j = 0; j < n; ++j)
+      w.quantized.dequantize_row(j, Elem::F32, reinterpret_cast<std::byte*>(w.exact.data() + j * k));
   }
   return w;
 }
@@ -299,7 +300,7 @@ TEST(Gemv, Int8QuantizationErrorIsAtMostHalfAStep) {
       const auto* scales = reinterpret_cast<const float*>(q.scales.data());
       std::vector<float> row(static_cast<size_t>(k));
       for (int64_t j = 0; j < n; ++j) {
-        q.dequantize_row(j, row.data());
+        q.dequantize_row(j, Elem::F32, reinterpret_cast<std::byte*>(row.data()));
         for (int64_t i = 0; i < k; ++i) {
           const int64_t first = i / size * size;
           float largest = 0.0f;
@@ -348,11 +349,35 @@ TEST(Gemv, QuantizesBf16WeightsAndSplitsOverThePool) {
   EXPECT_EQ(std::memcmp(alone.values.data(), split.values.data(), 64 * 48), 0);
   EXPECT_EQ(std::memcmp(alone.scales.data(), split.scales.data(), 64 * sizeof(float)), 0);
   std::vector<float> row(48);
-  alone.dequantize_row(3, row.data());
+  alone.dequantize_row(3, Elem::F32, reinterpret_cast<std::byte*>(row.data()));
   const float scale = reinterpret_cast<const float*>(alone.scales.data())[3];
   for (int64_t i = 0; i < 48; ++i)
     EXPECT_LE(std::fabs(row[static_cast<size_t>(i)] - bf16_bits_to_float(bits[static_cast<size_t>(3 * 48 + i)])),
               scale * 0.5f * 1.0001f);
+}
+
+// Rows widened to bf16 are the fp32 rows rounded to nearest even, for per-row and grouped scales, odd lengths.
+TEST(Gemv, DequantizesRowsToBf16AsTheRoundedFp32Rows) {
+  for (int64_t group : {0, 8, 32})
+    for (int64_t k : {1, 7, 33, 100}) {
+      const std::vector<float> values = random_floats(5 * k, 12);
+      const QuantizedWeight q =
+          quantize_int8(reinterpret_cast<const std::byte*>(values.data()), Elem::F32, 5, k, group);
+      for (int64_t j = 0; j < 5; ++j) {
+        std::vector<float> wide(static_cast<size_t>(k));
+        std::vector<uint16_t> narrow(static_cast<size_t>(k) + 1, 0xFFFF);
+        q.dequantize_row(j, Elem::F32, reinterpret_cast<std::byte*>(wide.data()));
+        q.dequantize_row(j, Elem::BF16, reinterpret_cast<std::byte*>(narrow.data()));
+        for (int64_t i = 0; i < k; ++i)
+          EXPECT_EQ(narrow[static_cast<size_t>(i)], float_to_bf16(wide[static_cast<size_t>(i)]))
+              << "group " << group << " k " << k << " at [" << j << ", " << i << "]";
+        EXPECT_EQ(narrow[static_cast<size_t>(k)], 0xFFFF) << "written past the row";
+      }
+    }
+  std::vector<std::byte> out(8);
+  const std::vector<float> values = random_floats(8, 3);
+  const QuantizedWeight q = quantize_int8(reinterpret_cast<const std::byte*>(values.data()), Elem::F32, 1, 8, 0);
+  EXPECT_THROW(q.dequantize_row(0, Elem::F16, out.data()), Error);
 }
 
 TEST(Gemv, RejectsBadRowCountsAndGroups) {

@@ -609,6 +609,17 @@ void avx512_bf16_row(const GemvProblem& p, int64_t j) {
   store_result(p, 0, j, _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])));
 }
 
+// values[i] * scale as bf16 (rounded to nearest even, as float_to_bf16 rounds finite values) for i < count.
+void avx512_scaled_bf16(const int8_t* values, int64_t count, float scale, uint16_t* out) {
+  const __m512 factor = _mm512_set1_ps(scale);
+  for (int64_t i = 0; i < count; i += 16) {
+    const __mmask16 live = static_cast<__mmask16>(count - i >= 16 ? 0xFFFF : (1u << (count - i)) - 1);
+    const __m512 wide = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(live, values + i)));
+    const __m256bh narrow = _mm512_cvtneps_pbh(_mm512_mul_ps(wide, factor));
+    _mm256_mask_storeu_epi16(out + i, live, reinterpret_cast<const __m256i&>(narrow));
+  }
+}
+
 #pragma GCC diagnostic pop
 #pragma GCC pop_options
 
@@ -837,13 +848,27 @@ GemvWeight QuantizedWeight::view() const {
           .group = group};
 }
 
-void QuantizedWeight::dequantize_row(int64_t j, float* out) const {
+void QuantizedWeight::dequantize_row(int64_t j, Elem elem, std::byte* out) const {
+  if (elem != Elem::F32 && elem != Elem::BF16) fail("int8 weight: rows widen to float32 or bfloat16 only");
   const auto* row = reinterpret_cast<const int8_t*>(values.data()) + j * k;
   const int64_t groups = (k + group - 1) / group;
   const float* row_scales = reinterpret_cast<const float*>(scales.data()) + j * groups;
+  auto* floats = reinterpret_cast<float*>(out);
+  auto* halves = reinterpret_cast<uint16_t*>(out);
   for (int64_t g = 0; g < groups; ++g) {
     const float scale = row_scales[g];
-    for (int64_t i = g * group; i < std::min(k, (g + 1) * group); ++i) out[i] = static_cast<float>(row[i]) * scale;
+    const int64_t end = std::min(k, (g + 1) * group);
+    if (elem == Elem::F32) {
+      for (int64_t i = g * group; i < end; ++i) floats[i] = static_cast<float>(row[i]) * scale;
+      continue;
+    }
+#ifdef NPUSIM_GEMV_X86
+    if (cpu_features().avx512() && cpu_features().avx512bf16) {
+      avx512_scaled_bf16(row + g * group, end - g * group, scale, halves + g * group);
+      continue;
+    }
+#endif
+    for (int64_t i = g * group; i < end; ++i) halves[i] = float_to_bf16(static_cast<float>(row[i]) * scale);
   }
 }
 

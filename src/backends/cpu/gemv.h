@@ -69,8 +69,8 @@ struct QuantizedWeight {
   int64_t n = 0, k = 0, group = 0;
 
   GemvWeight view() const;
-  // Row j widened back to fp32 (k values).
-  void dequantize_row(int64_t j, float* out) const;
+  // Row j widened back to k values of `elem` (F32 or BF16; bf16 rounds each value times its scale to nearest even).
+  void dequantize_row(int64_t j, Elem elem, std::byte* out) const;
 };
 
 // Quantizes a float weight [n, k] stored as `elem`; `group` 0 means one scale per output channel. Rows are split
