@@ -1,8 +1,8 @@
 // The CUDA backend on a GPU: every op with a CUDA kernel against the registry's reference (fp32, fp16 and bf16
 // storage, activation memory poisoned first, each program run twice so the second run replays the captured CUDA
-// graph), ops without one through the host fallback, and whole models: ResNet-18/50 against the CPU backend,
-// qwen_tiny prefill and decode logits against the Hugging Face reference, and greedy decoding with the KV cache
-// kept on the device.
+// graph), GEMMs on cuBLASLt with their fused epilogues, ops without a kernel through the host fallback, and whole
+// models: ResNet-18/50 against the CPU backend, qwen_tiny prefill and decode logits against the Hugging Face
+// reference, and greedy decoding with the KV cache kept on the device.
 // The one-node harness is shared with the CPU's (tests/unit/conformance_harness.h).
 // Needs a GPU: without one the binary says so and exits with status 1 (ctest -LE gpu skips it).
 #include <gtest/gtest.h>
@@ -14,6 +14,8 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
@@ -222,6 +224,173 @@ TEST(CudaConformance, EveryKernelHasACase) {
   const std::set<std::string> covered = ops_with_a_kernel_case({elementwise_cases(), shape_cases(), nn_cases()});
   for (const std::string& op : cuda::CudaBackend().capabilities().ops)
     EXPECT_TRUE(covered.count(op)) << op << " has no conformance case";
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GEMMs on cuBLASLt: plans made at prepare (algorithms timed), bias, residual and ReLU in the GEMM's epilogue,
+// batched convolutions as one strided-batched GEMM.
+
+// Sets an environment variable for the scope, restoring what was there.
+class ScopedEnvironment {
+ public:
+  ScopedEnvironment(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnvironment() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::vector<Case> odd_linear_cases() {
+  std::vector<Case> cases;
+  for (const int64_t m : {3, 17, 130})
+    for (const int64_t n : {1, 7, 1000})
+      for (const int64_t k : {5, 33, 1537}) {
+        const std::string size = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+        cases.push_back(make("linear", {f({m, k}), w({n, k}), w({n})}, {}, size + " bias"));
+        cases.push_back(make("linear", {f({m, k}), w({n, k})}, {}, size));
+      }
+  return cases;
+}
+
+// Convolutions with every epilogue the GEMM may take or leave to the elementwise kernel, batch 1 and 3, odd channel
+// and pixel counts, pointwise and 3x3 stride 2.
+std::vector<Case> gemm_conv_cases() {
+  std::vector<Case> cases;
+  const Attrs bias_residual_relu = attrs({{"has_bias", B(true)}, {"has_residual", B(true)}, {"activation", S("relu")}});
+  for (const int64_t batch : {1, 3}) {
+    const std::string b = " batch " + std::to_string(batch);
+    Attrs strided = bias_residual_relu;
+    strided.set("stride", L({2}));
+    strided.set("padding", L({1}));
+    cases.push_back(make("fused_conv2d", {f({batch, 5, 9, 9}), w({7, 5, 3, 3}), w({7}), f({batch, 7, 5, 5})}, strided,
+                         "3x3 stride 2 bias residual relu" + b));
+    cases.push_back(make("fused_conv2d", {f({batch, 5, 7, 9}), w({7, 5, 1, 1}), w({7}), f({batch, 7, 7, 9})},
+                         bias_residual_relu, "pointwise bias residual relu" + b));
+    cases.push_back(make("conv2d", {f({batch, 5, 9, 9}), w({7, 5, 3, 3}), w({7})},
+                         attrs({{"stride", L({2})}, {"padding", L({1})}}), "3x3 stride 2 bias" + b));
+    cases.push_back(make("conv2d", {f({batch, 5, 7, 9}), w({7, 5, 1, 1}), w({7})}, {}, "pointwise bias" + b));
+    cases.push_back(make("conv2d", {f({batch, 5, 7, 9}), w({7, 5, 1, 1})}, {}, "pointwise plain" + b));
+    cases.push_back(make("fused_conv2d", {f({batch, 5, 9, 9}), w({7, 5, 3, 3}), w({7})},
+                         attrs({{"stride", L({2})},
+                                {"has_bias", B(true)},
+                                {"activation", S("hardtanh")},
+                                {"min_val", F(-0.5)},
+                                {"max_val", F(1.5)}}),
+                         "3x3 stride 2 bias clamp" + b));
+    cases.push_back(make("fused_conv2d", {f({batch, 5, 7, 9}), w({7, 5, 3, 3}), f({batch, 7, 7, 9})},
+                         attrs({{"padding", L({1})}, {"has_residual", B(true)}, {"activation", S("relu")}}),
+                         "3x3 residual relu" + b));
+    cases.push_back(
+        make("fused_conv2d", {f({batch, 33, 15, 15}), w({64, 33, 3, 3}), w({64}), f({batch, 64, 15, 15})},
+             attrs({{"padding", L({1})}, {"has_bias", B(true)}, {"has_residual", B(true)}, {"activation", S("relu")}}),
+             "64 channels bias residual relu" + b));
+    cases.push_back(make("fused_conv2d", {f({batch, 64, 8, 8}), w({128, 64, 1, 1}), w({128})},
+                         attrs({{"has_bias", B(true)}, {"activation", S("relu")}}), "aligned pointwise bias relu" + b));
+  }
+  return cases;
+}
+
+TEST(CudaGemm, LinearAtOddSizesMatchesTheReference) { run_on_gpu(odd_linear_cases()); }
+
+TEST(CudaGemm, ConvolutionsWithFusedEpiloguesMatchTheReference) { run_on_gpu(gemm_conv_cases()); }
+
+// The same cases with the epilogues left to the elementwise kernels, and with im2col's columns cut into chunks of
+// fewer samples than the batch (one or two samples of the 3x3 convolutions each).
+TEST(CudaGemm, ConvolutionsWithSeparateEpiloguesAndChunkedColumnsMatchTheReference) {
+  {
+    ScopedEnvironment off("NPUSIM_CUDA_GEMM_EPILOGUE", "0");
+    run_on_gpu(gemm_conv_cases());
+  }
+  ScopedEnvironment chunked("NPUSIM_CUDA_IM2COL_BYTES", "5000");
+  run_on_gpu(gemm_conv_cases());
+}
+
+// One case's outputs on the GPU.
+NamedTensors gpu_outputs(const Case& c, DType storage) {
+  const Built b = build(c, storage);
+  cuda::CudaBackend backend({.poison_memory = true});
+  const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
+  EXPECT_TRUE(prepared->fallback_nodes().empty()) << case_name(c);
+  prepared->run(b.inputs);
+  return prepared->run(b.inputs);  // the replayed graph
+}
+
+// $NPUSIM_CUDA_GEMM_TUNE=0 takes the heuristic's first algorithm: both paths match the reference and each other.
+TEST(CudaGemm, UntunedAndTunedAlgorithmsAgree) {
+  const std::vector<Case> cases{
+      make("linear", {f({130, 1537}), w({1000, 1537}), w({1000})}, {}, "bias"),
+      make("linear", {f({17, 33}), w({7, 33})}, {}, "small"),
+      make("fused_conv2d", {f({3, 33, 15, 15}), w({64, 33, 3, 3}), w({64}), f({3, 64, 15, 15})},
+           attrs({{"padding", L({1})}, {"has_bias", B(true)}, {"has_residual", B(true)}, {"activation", S("relu")}}))};
+  for (const Case& c : cases) {
+    for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
+      const std::string what = case_name(c) + " " + std::string(dtype_name(storage));
+      SCOPED_TRACE(what);
+      const Built b = build(c, storage);
+      const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
+      NamedTensors untuned;
+      {
+        ScopedEnvironment first("NPUSIM_CUDA_GEMM_TUNE", "0");
+        untuned = gpu_outputs(c, storage);
+      }
+      const NamedTensors tuned = gpu_outputs(c, storage);
+      ASSERT_EQ(untuned.size(), expected.size());
+      ASSERT_EQ(tuned.size(), expected.size());
+      for (size_t i = 0; i < expected.size(); ++i) {
+        expect_matches(untuned[i].second, expected[i].second, storage, what + " untuned");
+        expect_matches(tuned[i].second, expected[i].second, storage, what + " tuned");
+        expect_matches(tuned[i].second, untuned[i].second, storage, what + " tuned against untuned");
+      }
+    }
+  }
+}
+
+// The ResNets' convolutions lose their epilogue launches (bias, residual and ReLU in the GEMM): fewer nodes in the
+// captured graph than with the epilogues run separately ($NPUSIM_CUDA_GEMM_EPILOGUE=0), and the same logits.
+TEST(CudaGemm, ResNetConvolutionEpiloguesFuseIntoTheGemms) {
+  // ResNet-50's logits overflow fp16 with random weights, hence bf16 there.
+  for (const auto& [arch, storage] : {std::pair{"resnet18", DType::Float16}, std::pair{"resnet50", DType::BFloat16}}) {
+    SCOPED_TRACE(arch);
+    const Graph graph = read_torch_ir(kFixtures + "/ir/" + arch + "_ir.json");
+    const auto weights = random_weights(graph);
+    const std::map<std::string, Tensor> inputs{{"x", random_input(graph.value(graph.inputs[0]), 5)}};
+    compiler::CompileOptions options;
+    options.compute_dtype = storage;
+    const Program program = compiler::compile_graph(graph, options);
+    auto run_twice = [&](size_t& nodes) {
+      const auto prepared = cuda::CudaBackend().prepare(program, compiled_weights(program.graph, weights));
+      EXPECT_TRUE(prepared->fallback_nodes().empty());
+      prepared->run(inputs);
+      const Tensor logits = prepared->run(inputs)[0].second;
+      nodes = cuda::captured_graph_nodes(*prepared);
+      return logits;
+    };
+    size_t fused_nodes = 0, separate_nodes = 0;
+    const Tensor fused = run_twice(fused_nodes);
+    Tensor separate;
+    {
+      ScopedEnvironment off("NPUSIM_CUDA_GEMM_EPILOGUE", "0");
+      separate = run_twice(separate_nodes);
+    }
+    std::printf("%s %s: %zu graph nodes with the epilogues in the GEMMs, %zu with them separate\n", arch,
+                std::string(dtype_name(storage)).c_str(), fused_nodes, separate_nodes);
+    EXPECT_GT(fused_nodes, 0u);
+    EXPECT_LT(fused_nodes, separate_nodes);
+    const Comparison c = compare_tensors(fused, separate, 5);
+    EXPECT_GT(c.pearson, 0.999) << c.summary();
+    EXPECT_TRUE(c.all_argmax_match()) << c.summary();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

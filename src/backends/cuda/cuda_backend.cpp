@@ -166,6 +166,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     return nodes;
   }
   bool replays_graph() const { return graph_exec_ != nullptr; }
+  size_t graph_nodes() const { return graph_exec_ ? graph_nodes_ : 0; }
 
   // ---- state kept between runs (see PreparedProgram::bind_state) ----
 
@@ -308,6 +309,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     kernels_.clear();
     timings_.clear();
     flags_ = DeviceBuffer(std::max<size_t>(graph_.nodes.size(), 1) * sizeof(int), graph_.source + ": error flags");
+    scratch_ = std::make_shared<SharedScratch>();
     consumers_ = consumers_of_values();
     // Fusion is planned over the whole graph first: a fused GEMV can take in a normalization that comes before it.
     std::vector<bool> fused_away(graph_.nodes.size(), false);
@@ -527,7 +529,7 @@ class CudaPreparedProgram final : public PreparedProgram {
 
   OpContext context_of(size_t n) const {
     const Node& node = graph_.nodes[n];
-    OpContext ctx{node, {}, {}, reinterpret_cast<int*>(flags_.data()) + n};
+    OpContext ctx{node, {}, {}, reinterpret_cast<int*>(flags_.data()) + n, stream_, scratch_};
     for (ValueId id : node.inputs) ctx.inputs.push_back(value_at(id));
     for (ValueId id : node.outputs) ctx.outputs.push_back(value_at(id));
     return ctx;
@@ -649,6 +651,8 @@ class CudaPreparedProgram final : public PreparedProgram {
     }
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (ended == cudaSuccess && graph && cudaGraphGetNodes(graph, nullptr, &graph_nodes_) != cudaSuccess)
+      graph_nodes_ = 0;
     if (!launched || ended != cudaSuccess || !graph || cudaGraphInstantiate(&graph_exec_, graph, 0) != cudaSuccess) {
       cudaGetLastError();
       graph_exec_ = nullptr;
@@ -809,8 +813,10 @@ class CudaPreparedProgram final : public PreparedProgram {
   std::vector<PreparedNode> kernels_;
   std::vector<KernelTiming> timings_;
   std::vector<std::vector<size_t>> consumers_;  // node indices reading each value; nodes.size() for a graph output
+  std::shared_ptr<SharedScratch> scratch_;      // shared by the launches, e.g. im2col's columns
   std::vector<cudaEvent_t> events_;
   cudaGraphExec_t graph_exec_ = nullptr;
+  size_t graph_nodes_ = 0;
   int64_t runs_ = 0;
   bool profiling_ = false;
 };
@@ -840,6 +846,11 @@ std::unique_ptr<PreparedProgram> CudaBackend::prepare_with_state(
 bool replays_graph(const PreparedProgram& program) {
   const auto* cuda = dynamic_cast<const CudaPreparedProgram*>(&program);
   return cuda && cuda->replays_graph();
+}
+
+size_t captured_graph_nodes(const PreparedProgram& program) {
+  const auto* cuda = dynamic_cast<const CudaPreparedProgram*>(&program);
+  return cuda ? cuda->graph_nodes() : 0;
 }
 
 std::string gpu_name() { return device_name(); }

@@ -39,6 +39,8 @@ class CudaBackend : public Backend {
 
 // Whether a prepared program of this backend replays a captured CUDA graph (false before its first run).
 bool replays_graph(const PreparedProgram& program);
+// The nodes (kernels, copies, memsets) of its captured CUDA graph: what one replay launches; 0 before capture.
+size_t captured_graph_nodes(const PreparedProgram& program);
 
 // The GPU the backend runs on, as "NAME (sm_XY)"; fails with "cuda backend: no CUDA device: ..." without one.
 std::string gpu_name();

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <set>
 
+#include "backends/cuda/blas_lt.h"
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/device_kernels.h"
 #include "ops/op_util.h"
@@ -548,6 +550,43 @@ std::optional<Launch> attention_op(const OpContext& ctx) {
 
 // ---- GEMM ----
 
+bool gemm_epilogues_enabled() {
+  const char* text = std::getenv("NPUSIM_CUDA_GEMM_EPILOGUE");
+  return !text || std::string(text) != "0";
+}
+
+// out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias) on cuBLASLt: the bias in the GEMM's epilogue when it has an algorithm
+// for that, else a second launch; nothing when cuBLASLt takes neither.
+std::optional<Launch> library_linear(const OpContext& ctx, int64_t m, int64_t n, int64_t k, Operand bias) {
+  Blas* blas = Blas::instance();
+  if (!blas) return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], w = ctx.inputs[1], out = ctx.outputs[0];
+  const std::string label = where(ctx.node);
+  GemmSpec spec;
+  spec.rows = m;
+  spec.cols = n;
+  spec.depth = k;
+  spec.elem = code(out.elem);
+  spec.b_transposed = true;
+  GemmOperands operands{x.data, w.data, nullptr, nullptr, out.data};
+  if (bias.data && bias.elem == spec.elem && gemm_epilogues_enabled()) {
+    spec.bias = GemmSpec::Bias::PerColumn;
+    operands.bias = bias.data;
+    if (auto plan = blas->plan(spec, operands, ctx.stream, label))
+      return [plan, label](cudaStream_t stream) { plan->run(stream, label); };
+    spec.bias = GemmSpec::Bias::None;
+    operands.bias = nullptr;
+  }
+  auto plan = blas->plan(spec, operands, ctx.stream, label);
+  if (!plan) return std::nullopt;
+  return [node = &ctx.node, plan, label, m, n, out, bias](cudaStream_t stream) {
+    plan->run(stream, label);
+    if (bias.data)
+      checked(launch_bias_activation(stream, m, n, out.data, code(out.elem), bias, UnaryOp::Identity),
+              "launch_bias_activation", *node);
+  };
+}
+
 std::optional<Launch> linear_op(const OpContext& ctx) {
   if (ctx.inputs.size() < 2 || ctx.outputs.size() != 1) return std::nullopt;
   const DeviceValue x = ctx.inputs[0], w = ctx.inputs[1], out = ctx.outputs[0];
@@ -563,17 +602,8 @@ std::optional<Launch> linear_op(const OpContext& ctx) {
       checked(launch_gemv(stream, n, k, out.data, code(out.elem), x.data, w.data, bias), "launch_gemv", *node);
     };
   }
-  Blas* blas = Blas::instance();
-  const bool library =
-      blas && one_type && k > 0 && m > 0 && n > 0 && std::max({m, n, k}) < std::numeric_limits<int>::max();
-  if (library) {
-    return [node = &ctx.node, blas, m, n, k, x, w, out, bias](cudaStream_t stream) {
-      blas->linear(stream, m, n, k, x.data, w.data, out.data, code(out.elem), where(*node));
-      if (bias.data)
-        checked(launch_bias_activation(stream, m, n, out.data, code(out.elem), bias, UnaryOp::Identity),
-                "launch_bias_activation", *node);
-    };
-  }
+  if (one_type && k > 0 && m > 0 && n > 0 && std::max({m, n, k}) < std::numeric_limits<int>::max())
+    if (auto library = library_linear(ctx, m, n, k, bias)) return library;
   return [node = &ctx.node, m, n, k, x, w, out, bias](cudaStream_t stream) {
     checked(launch_linear(stream, m, n, k, out.data, code(out.elem), operand(x), operand(w), bias), "launch_linear",
             *node);
@@ -588,9 +618,196 @@ std::vector<int64_t> pair_of(const Attrs& attrs, const std::string& name, std::v
   return values;
 }
 
-// A convolution of one group as GEMMs on the library: per sample out[Cout, pixels] = W[Cout, K] · col[K, pixels],
-// where col is the input itself for a pointwise convolution and im2col's columns otherwise; bias, residual and
-// activation follow in one elementwise pass.
+// Per sample out[Cout, pixels] = W[Cout, K] · col[K, pixels], where col is the input itself for a pointwise
+// convolution and im2col's columns otherwise: one strided-batched GEMM over as many samples as the columns budget
+// takes. The output is NCHW, so the bias is per row of the row-major result, which cuBLASLt's bias epilogue
+// cannot add in its column order; it is folded into the GEMM instead when im2col runs anyway: the weights get the
+// bias as one more column (padded to 16 bytes with zeros) and im2col a row of ones, while the residual rides as C
+// (beta = 1) and ReLU in the epilogue, in the program's order relu(conv + bias + residual). Pointwise
+// convolutions try the bias epilogue in row order. Whatever the GEMM cannot take (clamp, other activations, no
+// algorithm) runs as the plain GEMM followed by the elementwise epilogue kernel; when tuning, a fused GEMM is kept
+// only when it is not slower than that pair.
+class ConvAsGemm {
+ public:
+  ConvAsGemm(const OpContext& ctx, Blas* blas, const ConvParams& p, const DeviceValue& x, const DeviceValue& w,
+             const DeviceValue& out, Operand bias, Operand residual)
+      : ctx_(ctx), blas_(blas), p_(p), x_(x), w_(w), out_(out), bias_(bias), residual_(residual) {
+    pixels_ = p.out_h * p.out_w;
+    depth_ = p.in_channels * p.kernel_h * p.kernel_w;
+    pointwise_ =
+        p.kernel_h == 1 && p.kernel_w == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
+    elem_bytes_ = static_cast<int64_t>(cpu::elem_size(out.elem));
+    label_ = where(ctx.node);
+  }
+
+  std::optional<Launch> make() {
+    if (!pointwise_ && depth_ + 16 > kMaxIm2colGrid) return std::nullopt;
+    const bool has_epilogue = bias_.data || residual_.data || p_.activation != UnaryOp::Identity || p_.use_clamp;
+    const bool try_fused = has_epilogue && epilogue_fits() && gemm_epilogues_enabled();
+    const bool augment = try_fused && bias_.data && !pointwise_;
+    const int64_t vector = 16 / elem_bytes_;
+    const int64_t widest = augment ? (depth_ + 1 + vector - 1) / vector * vector : depth_;
+    chunk_ = p_.batch;
+    if (!pointwise_) {
+      const int64_t sample_bytes = widest * pixels_ * elem_bytes_;
+      chunk_ = std::clamp<int64_t>(im2col_budget_bytes() / sample_bytes, 1, std::min(p_.batch, kMaxIm2colGrid));
+      ctx_.scratch->reserve(static_cast<size_t>(chunk_ * sample_bytes), label_ + ": im2col columns");
+    }
+    const bool tune = gemm_tuning_enabled();
+    std::optional<Variant> fused;
+    if (try_fused) fused = augment ? augmented_variant(widest) : variant(true);
+    std::optional<Variant> plain;
+    if (!fused || tune) plain = variant(false);
+    if (fused && plain && tune && fused->milliseconds() > plain->milliseconds() + epilogue_ms()) fused.reset();
+    if (fused) return launch(std::move(*fused), false);
+    if (!plain) return std::nullopt;
+    return launch(std::move(*plain), has_epilogue);
+  }
+
+ private:
+  struct Chunk {
+    int64_t first, count;
+    std::shared_ptr<const GemmPlan> plan;
+  };
+
+  // One way to run the GEMMs: the weights (with the bias column when augmented), the depth of a sample's columns,
+  // and a plan per chunk of samples (the last one may be shorter).
+  struct Variant {
+    bool fused = false;
+    const void* weights = nullptr;
+    std::shared_ptr<DeviceBuffer> weight_memory;  // the augmented weights, when the variant has its own
+    int64_t depth = 0;
+    std::vector<Chunk> chunks;
+
+    double milliseconds() const {
+      double total = 0.0;
+      for (const Chunk& chunk : chunks) total += chunk.plan->milliseconds();
+      return total;
+    }
+  };
+
+  // im2col's grid has a block row per column row and a block layer per sample.
+  static constexpr int64_t kMaxIm2colGrid = 65535;
+
+  static int64_t im2col_budget_bytes() {
+    const char* text = std::getenv("NPUSIM_CUDA_IM2COL_BYTES");
+    const int64_t bytes = text ? std::atoll(text) : 0;
+    return bytes > 0 ? bytes : int64_t{64} << 20;
+  }
+
+  bool epilogue_fits() const {
+    const int elem = code(out_.elem);
+    return !p_.use_clamp && (p_.activation == UnaryOp::Identity || p_.activation == UnaryOp::Relu) &&
+           (!bias_.data || bias_.elem == elem) && (!residual_.data || residual_.elem == elem);
+  }
+
+  int64_t sample_in() const { return p_.in_channels * p_.in_h * p_.in_w; }
+  int64_t sample_out() const { return p_.out_channels * pixels_; }
+
+  GemmOperands operands(const Variant& v, int64_t first, bool row_bias) const {
+    GemmOperands o;
+    o.a = v.weights;
+    o.b = pointwise_ ? x_.data + first * sample_in() * elem_bytes_ : ctx_.scratch->data();
+    o.d = out_.data + first * sample_out() * elem_bytes_;
+    if (v.fused && residual_.data)
+      o.c = static_cast<const std::byte*>(residual_.data) + first * sample_out() * elem_bytes_;
+    if (row_bias) o.bias = bias_.data;
+    return o;
+  }
+
+  // Plans for every chunk; nothing when cuBLASLt has no algorithm for one.
+  std::optional<Variant> plan_chunks(Variant v) const {
+    const bool row_bias = v.fused && bias_.data && v.weights == w_.data;
+    for (int64_t first = 0; first < p_.batch; first += chunk_) {
+      GemmSpec spec;
+      spec.rows = p_.out_channels;
+      spec.cols = pixels_;
+      spec.depth = v.depth;
+      spec.elem = code(out_.elem);
+      spec.batch = std::min(chunk_, p_.batch - first);
+      spec.b_batch_stride = pointwise_ ? sample_in() : v.depth * pixels_;
+      spec.d_batch_stride = sample_out();
+      if (v.fused) {
+        spec.bias = row_bias ? GemmSpec::Bias::PerRow : GemmSpec::Bias::None;
+        spec.accumulate = residual_.data != nullptr;
+        spec.relu = p_.activation == UnaryOp::Relu;
+      }
+      auto plan = blas_->plan(spec, operands(v, first, row_bias), ctx_.stream, label_);
+      if (!plan) return std::nullopt;
+      v.chunks.push_back({first, spec.batch, std::move(plan)});
+    }
+    return v;
+  }
+
+  std::optional<Variant> variant(bool fused) const {
+    Variant v;
+    v.fused = fused;
+    v.weights = w_.data;
+    v.depth = depth_;
+    return plan_chunks(std::move(v));
+  }
+
+  // W' = [W | bias | 0...] with `depth` columns, built on the device at prepare time.
+  std::optional<Variant> augmented_variant(int64_t depth) const {
+    Variant v;
+    v.fused = true;
+    v.depth = depth;
+    const auto row_bytes = static_cast<size_t>(depth * elem_bytes_),
+               weight_bytes = static_cast<size_t>(depth_ * elem_bytes_), elem = static_cast<size_t>(elem_bytes_);
+    const auto rows = static_cast<size_t>(p_.out_channels);
+    v.weight_memory = std::make_shared<DeviceBuffer>(rows * row_bytes, label_ + ": weights with the bias column");
+    std::byte* memory = v.weight_memory->data();
+    const std::string what = label_ + ": appending the bias to the weights";
+    NPUSIM_CUDA_CHECK(cudaMemsetAsync(memory, 0, rows * row_bytes, ctx_.stream), what);
+    NPUSIM_CUDA_CHECK(cudaMemcpy2DAsync(memory, row_bytes, w_.data, weight_bytes, weight_bytes, rows,
+                                        cudaMemcpyDeviceToDevice, ctx_.stream),
+                      what);
+    NPUSIM_CUDA_CHECK(cudaMemcpy2DAsync(memory + weight_bytes, row_bytes, bias_.data, elem, elem, rows,
+                                        cudaMemcpyDeviceToDevice, ctx_.stream),
+                      what);
+    NPUSIM_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream), what);
+    v.weights = memory;
+    return plan_chunks(std::move(v));
+  }
+
+  double epilogue_ms() const {
+    return time_on_stream(
+        ctx_.stream,
+        [&] {
+          checked(launch_conv_epilogue(ctx_.stream, p_, out_.data, code(out_.elem), bias_, residual_),
+                  "launch_conv_epilogue", ctx_.node);
+        },
+        label_);
+  }
+
+  Launch launch(Variant v, bool epilogue_kernel) const {
+    return [node = &ctx_.node, self = *this, v = std::move(v), epilogue_kernel](cudaStream_t stream) {
+      const bool row_bias = v.fused && self.bias_.data && v.weights == self.w_.data;
+      for (const Chunk& chunk : v.chunks) {
+        if (!self.pointwise_) {
+          const Operand first_sample{self.x_.data + chunk.first * self.sample_in() * self.elem_bytes_,
+                                     code(self.x_.elem)};
+          checked(launch_im2col(stream, self.p_, chunk.count, v.depth, self.ctx_.scratch->data(), first_sample),
+                  "launch_im2col", *node);
+        }
+        chunk.plan->run(stream, self.operands(v, chunk.first, row_bias), self.label_);
+      }
+      if (epilogue_kernel)
+        checked(launch_conv_epilogue(stream, self.p_, self.out_.data, code(self.out_.elem), self.bias_, self.residual_),
+                "launch_conv_epilogue", *node);
+    };
+  }
+
+  OpContext ctx_;
+  Blas* blas_;
+  ConvParams p_;
+  DeviceValue x_, w_, out_;
+  Operand bias_, residual_;
+  int64_t pixels_ = 0, depth_ = 0, elem_bytes_ = 0, chunk_ = 1;
+  bool pointwise_ = false;
+  std::string label_;
+};
+
 std::optional<Launch> conv_as_gemm(const OpContext& ctx, const ConvParams& p, const DeviceValue& x,
                                    const DeviceValue& w, const DeviceValue& out, Operand bias, Operand residual) {
   Blas* blas = Blas::instance();
@@ -598,30 +815,9 @@ std::optional<Launch> conv_as_gemm(const OpContext& ctx, const ConvParams& p, co
     return std::nullopt;
   const int64_t pixels = p.out_h * p.out_w, depth = p.in_channels * p.kernel_h * p.kernel_w;
   if (pixels == 0 || depth == 0 || p.out_channels == 0 || p.batch == 0) return std::nullopt;
-  if (std::max({pixels, depth, p.out_channels}) >= std::numeric_limits<int>::max()) return std::nullopt;
-  const bool pointwise =
-      p.kernel_h == 1 && p.kernel_w == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
-  const auto elem_bytes = static_cast<int64_t>(cpu::elem_size(out.elem));
-  std::shared_ptr<DeviceBuffer> columns;
-  if (!pointwise)
-    columns = std::make_shared<DeviceBuffer>(static_cast<size_t>(depth * pixels * elem_bytes),
-                                             where(ctx.node) + ": im2col columns");
-  const bool epilogue = bias.data || residual.data || p.activation != UnaryOp::Identity || p.use_clamp;
-  return [node = &ctx.node, blas, p, x, w, out, bias, residual, columns, pixels, depth, elem_bytes,
-          epilogue](cudaStream_t stream) {
-    for (int64_t b = 0; b < p.batch; ++b) {
-      const Operand sample{x.data + b * p.in_channels * p.in_h * p.in_w * elem_bytes, code(x.elem)};
-      const void* col = sample.data;
-      if (columns) {
-        checked(launch_im2col(stream, p, columns->data(), sample), "launch_im2col", *node);
-        col = columns->data();
-      }
-      blas->matmul(stream, p.out_channels, pixels, depth, w.data, col,
-                   out.data + b * p.out_channels * pixels * elem_bytes, code(out.elem), where(*node));
-    }
-    if (epilogue)
-      checked(launch_conv_epilogue(stream, p, out.data, code(out.elem), bias, residual), "launch_conv_epilogue", *node);
-  };
+  if (std::max({pixels, depth, p.out_channels, p.batch}) >= std::numeric_limits<int>::max()) return std::nullopt;
+  if (!ctx.scratch || !ctx.stream) return std::nullopt;
+  return ConvAsGemm(ctx, blas, p, x, w, out, bias, residual).make();
 }
 
 std::optional<Launch> conv_op(const OpContext& ctx) {

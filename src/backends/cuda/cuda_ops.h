@@ -6,11 +6,13 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "backends/cpu/storage.h"
+#include "backends/cuda/cuda_util.h"
 #include "backends/cuda/device_kernels.h"
 #include "npusim/graph.h"
 
@@ -33,6 +35,10 @@ struct OpContext {
   std::vector<DeviceValue> inputs;
   std::vector<DeviceValue> outputs;
   int* error_flag = nullptr;  // device int a kernel sets when an index is out of range
+  // The program's stream, on which a factory may time work at prepare (never inside capture).
+  cudaStream_t stream = nullptr;
+  // Device memory shared by the program's launches (im2col's columns).
+  std::shared_ptr<SharedScratch> scratch;
 };
 
 // Enqueues the node's work on the stream; throws npusim::Error when a launch fails.

@@ -1,6 +1,5 @@
 #pragma once
-// Shared pieces of the CUDA backend's host code: checked CUDA calls, device memory, the device itself, and
-// cuBLAS opened at run time.
+// Shared pieces of the CUDA backend's host code: checked CUDA calls, device memory and the device itself.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -39,24 +38,17 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
-// cuBLAS (libcublas.so), opened at run time: GEMMs use it when it loads, the backend's own kernel otherwise.
-class Blas {
+// Device memory that the launches of one program share (they run one after another on its stream), e.g. im2col's
+// columns: grown at prepare time to the largest request, never while the program runs. Launches read data() when
+// they run, since a later request may move it.
+class SharedScratch {
  public:
-  // The process-wide instance, or null when libcublas cannot be loaded ($NPUSIM_CUDA_NO_CUBLAS=1 also says no).
-  static Blas* instance();
-  // C[m, n] (row-major) = A[m, k] · B[n, k]ᵀ, all of one float storage type (cuda element code), fp32 compute.
-  void linear(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, int elem,
-              const std::string& where);
-  // C[m, n] (row-major) = A[m, k] · B[k, n], all of one float storage type, fp32 compute.
-  void matmul(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c, int elem,
-              const std::string& where);
+  void reserve(size_t bytes, const std::string& what);
+  std::byte* data() const { return buffer_.data(); }
+  size_t size() const { return buffer_.size(); }
 
  private:
-  Blas() = default;
-  struct Api;
-  std::unique_ptr<Api> api_;
-  void* handle_ = nullptr;
-  void* workspace_ = nullptr;
+  DeviceBuffer buffer_;
 };
 
 }  // namespace npusim::cuda

@@ -123,8 +123,11 @@ struct ConvParams {
 cudaError_t launch_conv2d(cudaStream_t stream, const ConvParams& p, void* out, int out_elem, Operand x, Operand w,
                           Operand bias, Operand residual);
 
-// The columns of a convolution's GEMM for one sample: col[(ci, kh, kw), (oh, ow)] (zeros in the padding).
-cudaError_t launch_im2col(cudaStream_t stream, const ConvParams& p, void* col, Operand x);
+// The columns of a convolution's GEMM for `samples` samples from x on: col[sample][(ci, kh, kw), (oh, ow)] (zeros
+// in the padding). With `rows` past Cin·kh·kw, the first extra row is ones and the rest zeros (a bias column
+// appended to the weights then adds the bias in the GEMM itself).
+cudaError_t launch_im2col(cudaStream_t stream, const ConvParams& p, int64_t samples, int64_t rows, void* col,
+                          Operand x);
 // out[b, c, pixel] = activation(out + bias[c] + residual), the epilogue of a convolution run as a GEMM.
 cudaError_t launch_conv_epilogue(cudaStream_t stream, const ConvParams& p, void* out, int out_elem, Operand bias,
                                  Operand residual);

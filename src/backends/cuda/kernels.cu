@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "backends/cuda/device_common.cuh"
@@ -459,18 +460,30 @@ __global__ void adaptive_avg_pool_kernel(int64_t n, int64_t in_h, int64_t in_w, 
   }
 }
 
-__global__ void im2col_kernel(ConvParams p, int64_t n, void* col, Operand x) {
-  const int64_t pixels = p.out_h * p.out_w, taps = p.kernel_h * p.kernel_w;
-  GRID_STRIDE(i, n) {
-    const int64_t pixel = i % pixels, row = i / pixels;
-    const int64_t ci = row / taps, kh = (row / p.kernel_w) % p.kernel_h, kw = row % p.kernel_w;
-    const int64_t ih = (pixel / p.out_w) * p.stride_h - p.pad_h + kh * p.dilation_h;
-    const int64_t iw = (pixel % p.out_w) * p.stride_w - p.pad_w + kw * p.dilation_w;
-    if (ih < 0 || ih >= p.in_h || iw < 0 || iw >= p.in_w)
-      store_f(col, x.elem, i, 0.0f);
-    else
-      convert_element(col, x.elem, i, x.data, x.elem, (ci * p.in_h + ih) * p.in_w + iw);
+// One thread per (sample, row, pixel) on a 3D grid (pixels, rows, samples), so that the index arithmetic is 32-bit
+// and the row's channel and tap are computed once per thread without 64-bit divisions.
+__global__ void im2col_kernel(ConvParams p, int rows, int depth, void* col, Operand x) {
+  const int pixels = static_cast<int>(p.out_h * p.out_w);
+  const int pixel = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (pixel >= pixels) return;
+  const int row = static_cast<int>(blockIdx.y);
+  const int64_t sample = blockIdx.z;
+  const int64_t at = (sample * rows + row) * pixels + pixel;
+  if (row >= depth) {
+    store_f(col, x.elem, at, row == depth ? 1.0f : 0.0f);
+    return;
   }
+  const int kernel_h = static_cast<int>(p.kernel_h), kernel_w = static_cast<int>(p.kernel_w);
+  const int out_w = static_cast<int>(p.out_w);
+  const int ci = row / (kernel_h * kernel_w), kh = (row / kernel_w) % kernel_h, kw = row % kernel_w;
+  const int ih =
+      (pixel / out_w) * static_cast<int>(p.stride_h) - static_cast<int>(p.pad_h) + kh * static_cast<int>(p.dilation_h);
+  const int iw =
+      (pixel % out_w) * static_cast<int>(p.stride_w) - static_cast<int>(p.pad_w) + kw * static_cast<int>(p.dilation_w);
+  if (ih < 0 || ih >= p.in_h || iw < 0 || iw >= p.in_w)
+    store_f(col, x.elem, at, 0.0f);
+  else
+    convert_element(col, x.elem, at, x.data, x.elem, ((sample * p.in_channels + ci) * p.in_h + ih) * p.in_w + iw);
 }
 
 __global__ void conv_epilogue_kernel(ConvParams p, int64_t n, void* out, int out_elem, Operand bias, Operand residual) {
@@ -732,9 +745,19 @@ cudaError_t launch_adaptive_avg_pool2d(cudaStream_t stream, int64_t planes, int6
   return cudaGetLastError();
 }
 
-cudaError_t launch_im2col(cudaStream_t stream, const ConvParams& p, void* col, Operand x) {
-  const int64_t n = p.in_channels / p.groups * p.kernel_h * p.kernel_w * p.out_h * p.out_w;
-  if (n > 0) im2col_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, n, col, x);
+cudaError_t launch_im2col(cudaStream_t stream, const ConvParams& p, int64_t samples, int64_t rows, void* col,
+                          Operand x) {
+  const int64_t pixels = p.out_h * p.out_w;
+  if (samples <= 0 || rows <= 0 || pixels <= 0) return cudaGetLastError();
+  constexpr int64_t kMaxGridYZ = 65535;
+  if (rows > kMaxGridYZ || samples > kMaxGridYZ || pixels > std::numeric_limits<int>::max() / 2 ||
+      samples * rows * pixels > std::numeric_limits<int64_t>::max() / 2)
+    return cudaErrorInvalidValue;
+  const int threads = pixels >= kThreads ? kThreads : static_cast<int>((pixels + 31) / 32 * 32);
+  const dim3 grid(static_cast<unsigned>((pixels + threads - 1) / threads), static_cast<unsigned>(rows),
+                  static_cast<unsigned>(samples));
+  im2col_kernel<<<grid, threads, 0, stream>>>(
+      p, static_cast<int>(rows), static_cast<int>(p.in_channels / p.groups * p.kernel_h * p.kernel_w), col, x);
   return cudaGetLastError();
 }
 
