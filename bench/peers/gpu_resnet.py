@@ -1,7 +1,7 @@
-"""ResNet-18/50 batch 1 fp16 on the GPU with PyTorch: eager, and torch.compile(mode="reduce-overhead") (CUDA
-graphs) when it compiles within the time limit. Random weights; median of CUDA-event timings.
+"""ResNet-18/50 fp16 on the GPU with PyTorch: eager, and torch.compile(mode="reduce-overhead") (CUDA graphs) when
+it compiles within the time limit. Random weights; median of CUDA-event timings; with --batch N also images/s.
 
-usage: python3 bench/peers/gpu_resnet.py [--no-compile]
+usage: python3 bench/peers/gpu_resnet.py [--no-compile] [--batch N]
 """
 import sys
 import time
@@ -27,14 +27,15 @@ def median_ms(fn, x, iters=200, warmup=20):
 
 
 def main():
+    batch = int(sys.argv[sys.argv.index("--batch") + 1]) if "--batch" in sys.argv else 1
     torch.manual_seed(0)
     print(f"gpu_resnet on {torch.cuda.get_device_name()} torch {torch.__version__}")
     for name in ("resnet18", "resnet50"):
         model = getattr(torchvision.models, name)().eval().half().cuda()
-        x = torch.randn(1, 3, 224, 224, device="cuda", dtype=torch.float16)
+        x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=torch.float16)
         with torch.inference_mode():
             eager = median_ms(model, x)
-            print(f"PEER {name} fp16 batch 1 torch eager: {eager:.3f} ms")
+            print(f"PEER {name} fp16 batch {batch} torch eager: {eager:.3f} ms, {batch * 1000 / eager:.0f} images/s")
             if "--no-compile" in sys.argv:
                 continue
             start = time.time()
@@ -43,7 +44,9 @@ def main():
                 compiled(x)
             torch.cuda.synchronize()
             print(f"  compile took {time.time() - start:.0f} s")
-            print(f"PEER {name} fp16 batch 1 torch.compile reduce-overhead: {median_ms(compiled, x):.3f} ms")
+            graphed = median_ms(compiled, x)
+            print(f"PEER {name} fp16 batch {batch} torch.compile reduce-overhead: {graphed:.3f} ms, "
+                  f"{batch * 1000 / graphed:.0f} images/s")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,37 @@ TEST(CudaBench, ResNet) {
   }
 }
 
+// Batched throughput of the graphs named in NPUSIM_CUDA_BENCH_BATCH_IRS (comma-separated torch_ir files, e.g. the
+// ResNet fixtures rebatched by bench/rebatch_ir.py), fp16; the run time includes copying the input in and the
+// logits out.
+TEST(CudaBench, ResNetBatch) {
+  if (!benchmarks_wanted()) GTEST_SKIP() << "set NPUSIM_CUDA_BENCH=1";
+  const char* list = std::getenv("NPUSIM_CUDA_BENCH_BATCH_IRS");
+  if (!list) GTEST_SKIP() << "set NPUSIM_CUDA_BENCH_BATCH_IRS to rebatched graphs (bench/rebatch_ir.py)";
+  std::string rest = list;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string path = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    const Program program = compile_for(path, DType::Float16);
+    auto prepared = cuda::CudaBackend().prepare(program, weights_for(program, false));
+    const Value& input = program.graph.value(program.graph.inputs[0]);
+    const std::map<std::string, Tensor> inputs{{input.name, random_input(input, 5)}};
+    for (int i = 0; i < 5; ++i) prepared->run(inputs);
+    std::vector<double> times;
+    for (int i = 0; i < 30; ++i) {
+      const double start = now_ms();
+      prepared->run(inputs);
+      times.push_back(now_ms() - start);
+    }
+    const int64_t batch = input.meta.shape.empty() ? 1 : input.meta.shape[0];
+    const double run = median(times);
+    std::printf("BENCH %s fp16 batch %lld: run %.3f ms median (min %.3f), %.0f images/s, kernels alone %.3f ms\n",
+                path.c_str(), static_cast<long long>(batch), run, *std::min_element(times.begin(), times.end()),
+                static_cast<double>(batch) * 1000.0 / run, kernel_ms(*prepared, inputs));
+  }
+}
+
 Tensor int64_tensor(Shape shape, const std::vector<int64_t>& values) {
   Tensor t(DType::Int64, std::move(shape));
   for (size_t i = 0; i < values.size(); ++i) t.mutable_data<int64_t>()[i] = values[i];
