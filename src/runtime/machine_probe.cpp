@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/zeroed_memory.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define NPUSIM_PROBE_X86 1
@@ -152,10 +154,6 @@ __attribute__((target("avx512f,avx512bf16"))) float bf16_dot_avx512(int64_t iter
 constexpr double kBf16DotFlopsPerIteration = 12 * 16 * 2 * 2;
 #endif
 
-struct FreeDeleter {
-  void operator()(void* pointer) const { std::free(pointer); }
-};
-
 // Bytes per second of reading `words` 64-bit words split evenly over `threads` threads.
 double read_bandwidth(const uint64_t* data, size_t words, int threads, int repeats, bool avx2) {
   constexpr size_t kChunkWords = 16;  // 128 bytes: four ymm loads, keeps every slice 32-byte aligned
@@ -201,15 +199,15 @@ MachineProbe probe_machine(const ProbeOptions& options) {
   const bool avx2_fma = probe.features.avx2 && probe.features.fma;
   probe.fma_kernel = avx2_fma ? "avx2+fma" : "scalar";
 
+  // On huge pages, as the weights a decode step streams are.
   const size_t words = std::max<size_t>(options.buffer_bytes / sizeof(uint64_t), 1024);
-  std::unique_ptr<uint64_t, FreeDeleter> buffer(
-      static_cast<uint64_t*>(std::aligned_alloc(64, (words * sizeof(uint64_t) + 63) / 64 * 64)));
-  if (!buffer) throw std::bad_alloc();
-  for (size_t i = 0; i < words; ++i) buffer.get()[i] = i * 0x9E3779B97F4A7C15ull;
+  ZeroedMemory memory = allocate_zeroed(words * sizeof(uint64_t), "the bandwidth probe's buffer", Pages::Huge);
+  auto* buffer = reinterpret_cast<uint64_t*>(memory.get());
+  for (size_t i = 0; i < words; ++i) buffer[i] = i * 0x9E3779B97F4A7C15ull;
 
-  probe.read_gbps_1 = read_bandwidth(buffer.get(), words, 1, options.repeats, probe.features.avx2) / 1e9;
-  probe.read_gbps_n = read_bandwidth(buffer.get(), words, probe.threads, options.repeats, probe.features.avx2) / 1e9;
-  buffer.reset();
+  probe.read_gbps_1 = read_bandwidth(buffer, words, 1, options.repeats, probe.features.avx2) / 1e9;
+  probe.read_gbps_n = read_bandwidth(buffer, words, probe.threads, options.repeats, probe.features.avx2) / 1e9;
+  memory.reset();
   std::function<float(int64_t)> fma = fma_generic;
   double fma_flops = kGenericFlopsPerIteration;
 #ifdef NPUSIM_PROBE_X86

@@ -230,6 +230,27 @@ TEST_P(GemvTest, AddsTheBiasPerColumnOrOnce) {
   }
 }
 
+// Rows of 4096 values and more take other blocks of rows than short ones on some implementations: odd column counts,
+// lengths that are not whole vectors, column ranges of every size through the pool.
+TEST_P(GemvTest, LongRowsMatchADoublePrecisionProduct) {
+  ThreadPool two(2);
+  for (int64_t n : {1, 3, 4, 9})
+    for (int64_t k : {4096, 4100, 4127}) {
+      const TestWeight w = make_weight(GetParam(), n, k);
+      for (int64_t m : {1, 2}) {
+        const std::vector<float> random = random_floats(m * k, static_cast<uint64_t>(m * 7 + k));
+        for (GemvIsa isa : available_isas()) {
+          const std::vector<float> x = activations_for(isa, random);
+          force_gemv_isa(isa);
+          check_product(w, m, x, {}, naive_product(x, m, w, {}), two,
+                        std::string(type_name(GetParam())) + " " + isa_name(isa) + " m=" + std::to_string(m) +
+                            " n=" + std::to_string(n) + " k=" + std::to_string(k));
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Weights, GemvTest,
                          ::testing::Values(GemvWeightType::F32, GemvWeightType::F16, GemvWeightType::BF16,
                                            GemvWeightType::Int8),

@@ -589,24 +589,52 @@ void avx2_quantize_values(const float* values, int64_t count, float inverse, int
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// A bf16 weight row against bf16 activations: each vdpbf16ps multiplies 32 pairs exactly and adds them in fp32.
-void avx512_bf16_row(const GemvProblem& p, int64_t j) {
+// R bf16 weight rows against bf16 activations: each vdpbf16ps multiplies 32 pairs exactly and adds them in fp32;
+// every activation load serves the R rows.
+template <int R>
+void avx512_bf16_rows(const GemvProblem& p, int64_t j) {
   const int64_t k = p.weight.k;
-  const uint16_t* row = static_cast<const uint16_t*>(p.weight.values) + j * k;
+  const uint16_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = static_cast<const uint16_t*>(p.weight.values) + (j + r) * k;
   const uint16_t* x = p.x_bf16;
-  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  constexpr int U = R == 1 ? 2 : 1;
+  __m512 acc[R][U];
+  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) acc[r][u] = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 64 <= k; i += 64)
+  for (; i + 32 * U <= k; i += 32 * U) {
 #pragma GCC unroll 2
-    for (int u = 0; u < 2; ++u)
-      acc[u] = _mm512_dpbf16_ps(acc[u], reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i + 32 * u)),
-                                reinterpret_cast<__m512bh>(_mm512_loadu_si512(row + i + 32 * u)));
+    for (int u = 0; u < U; ++u) {
+      const auto xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i + 32 * u));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+        acc[r][u] =
+            _mm512_dpbf16_ps(acc[r][u], xv, reinterpret_cast<__m512bh>(_mm512_loadu_si512(rows[r] + i + 32 * u)));
+    }
+  }
   for (; i < k; i += 32) {
     const __mmask32 live = static_cast<__mmask32>(k - i >= 32 ? ~0u : (1u << (k - i)) - 1);
-    acc[0] = _mm512_dpbf16_ps(acc[0], reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(live, x + i)),
-                              reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(live, row + i)));
+    const auto xv = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(live, x + i));
+    for (int r = 0; r < R; ++r)
+      acc[r][0] =
+          _mm512_dpbf16_ps(acc[r][0], xv, reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(live, rows[r] + i)));
   }
-  store_result(p, 0, j, _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])));
+  for (int r = 0; r < R; ++r) {
+    __m512 total = acc[r][0];
+    for (int u = 1; u < U; ++u) total = _mm512_add_ps(total, acc[r][u]);
+    store_result(p, 0, j + r, _mm512_reduce_add_ps(total));
+  }
+}
+
+// Short rows go one at a time (one memory stream; several short streams measured slower). Rows of 4096 values and
+// more go four at a time: the activations (8 KiB and more) then stay in L1 beside the weights streaming through
+// (measured 11-20% faster on k = 8960, one Zen 4 thread).
+void avx512_bf16_columns(const GemvProblem& p, int64_t begin, int64_t end) {
+  constexpr int64_t kLongRow = 4096;
+  int64_t j = begin;
+  if (p.weight.k >= kLongRow)
+    for (; j + 4 <= end; j += 4) avx512_bf16_rows<4>(p, j);
+  for (; j < end; ++j) avx512_bf16_rows<1>(p, j);
 }
 
 // values[i] * scale as bf16 (rounded to nearest even, as float_to_bf16 rounds finite values) for i < count.
@@ -792,10 +820,7 @@ void run_columns(const GemvProblem& p, const Activations& activations, int64_t b
     if (activations.int8->offset_terms) return vnni_int8_columns(p, *activations.int8, begin, end);
     return avx2_int8_columns(p, *activations.int8, begin, end);
   }
-  if (activations.bf16) {
-    for (int64_t j = begin; j < end; ++j) avx512_bf16_row(p, j);
-    return;
-  }
+  if (activations.bf16) return avx512_bf16_columns(p, begin, end);
   if (activations.paired) {
     for (int64_t j = begin; j < end; ++j) avx2_bf16_paired_row(p, activations.paired, j);
     return;
