@@ -394,6 +394,103 @@ TEST(CudaGemm, ResNetConvolutionEpiloguesFuseIntoTheGemms) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Convolutions on cuDNN ($NPUSIM_CUDA_CONV=cudnn) and on im2col + cuBLASLt ($NPUSIM_CUDA_CONV=lt), each forced; without
+// cuDNN the forced cases run on the other paths and still match.
+
+// The GEMM cases and the shapes only cuDNN or the direct kernel take: a 7x7 stride 2 stem, two groups, depthwise.
+std::vector<Case> cudnn_conv_cases() {
+  std::vector<Case> cases = gemm_conv_cases();
+  for (const int64_t batch : {1, 3}) {
+    const std::string b = " batch " + std::to_string(batch);
+    cases.push_back(
+        make("fused_conv2d", {f({batch, 3, 23, 21}), w({8, 3, 7, 7}), w({8})},
+             attrs({{"stride", L({2})}, {"padding", L({3})}, {"has_bias", B(true)}, {"activation", S("relu")}}),
+             "7x7 stride 2 pad 3 bias relu" + b));
+    cases.push_back(make("conv2d", {f({batch, 3, 23, 21}), w({5, 3, 7, 7})},
+                         attrs({{"stride", L({2})}, {"padding", L({3})}}), "7x7 stride 2 pad 3 plain" + b));
+    cases.push_back(make("fused_conv2d", {f({batch, 6, 9, 7}), w({10, 3, 3, 3}), w({10}), f({batch, 10, 9, 7})},
+                         attrs({{"padding", L({1})},
+                                {"groups", I(2)},
+                                {"has_bias", B(true)},
+                                {"has_residual", B(true)},
+                                {"activation", S("relu")}}),
+                         "groups 2 bias residual relu" + b));
+    cases.push_back(make("conv2d", {f({batch, 7, 11, 9}), w({7, 1, 3, 3}), w({7})},
+                         attrs({{"groups", I(7)}, {"padding", L({1})}}), "depthwise bias" + b));
+    cases.push_back(make("fused_conv2d", {f({batch, 7, 11, 9}), w({7, 1, 3, 3})},
+                         attrs({{"groups", I(7)},
+                                {"stride", L({2})},
+                                {"padding", L({1})},
+                                {"activation", S("hardtanh")},
+                                {"min_val", F(0.0)},
+                                {"max_val", F(0.5)}}),
+                         "depthwise stride 2 clamp" + b));
+  }
+  return cases;
+}
+
+TEST(CudaConv, ConvolutionsForcedThroughCudnnMatchTheReference) {
+  const std::vector<Case> cases = cudnn_conv_cases();
+  const size_t before = cuda::cudnn_convolutions_chosen();
+  {
+    ScopedEnvironment forced("NPUSIM_CUDA_CONV", "cudnn");
+    run_on_gpu(cases);
+  }
+  const size_t chosen = cuda::cudnn_convolutions_chosen() - before;
+  if (!cuda::cudnn_available()) {
+    EXPECT_EQ(chosen, 0u);
+    GTEST_SKIP() << "libcudnn.so.9 is not loadable here: the cases ran on the other paths";
+  }
+  EXPECT_EQ(chosen, 3 * cases.size()) << "every case in every storage on cuDNN";
+}
+
+TEST(CudaConv, ConvolutionsForcedThroughLtMatchTheReference) {
+  const size_t before = cuda::cudnn_convolutions_chosen();
+  ScopedEnvironment forced("NPUSIM_CUDA_CONV", "lt");
+  run_on_gpu(cudnn_conv_cases());
+  EXPECT_EQ(cuda::cudnn_convolutions_chosen(), before);
+}
+
+// ResNet-18 with every convolution on cuDNN, against the CPU backend (fp32 to 1e-4 with the top 5 in order, fp16 by
+// correlation and the top class).
+TEST(CudaConv, ResNet18OnCudnnMatchesTheCpuBackend) {
+  if (!cuda::cudnn_available()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
+  const Graph graph = read_torch_ir(kFixtures + "/ir/resnet18_ir.json");
+  const auto weights = random_weights(graph);
+  const std::map<std::string, Tensor> inputs{{"x", random_input(graph.value(graph.inputs[0]), 5)}};
+  compiler::CompileOptions fp32_options;
+  const Program fp32 = compiler::compile_graph(graph, fp32_options);
+  const Tensor expected = cpu::CpuBackend().prepare(fp32, compiled_weights(fp32.graph, weights))->run(inputs)[0].second;
+  ScopedEnvironment forced("NPUSIM_CUDA_CONV", "cudnn");
+  for (const DType storage : {DType::Float32, DType::Float16}) {
+    SCOPED_TRACE(std::string(dtype_name(storage)));
+    compiler::CompileOptions options;
+    options.compute_dtype = storage;
+    const Program program = compiler::compile_graph(graph, options);
+    const size_t convolutions =
+        static_cast<size_t>(std::count_if(program.graph.nodes.begin(), program.graph.nodes.end(), [](const Node& node) {
+          return node.op == "conv2d" || node.op == "fused_conv2d";
+        }));
+    const size_t before = cuda::cudnn_convolutions_chosen();
+    const auto prepared = cuda::CudaBackend().prepare(program, compiled_weights(program.graph, weights));
+    EXPECT_EQ(cuda::cudnn_convolutions_chosen() - before, convolutions);
+    EXPECT_GE(convolutions, 20u);
+    EXPECT_TRUE(prepared->fallback_nodes().empty());
+    for (int run = 0; run < 2; ++run) {
+      const Comparison c = compare_tensors(prepared->run(inputs)[0].second, expected, 5);
+      if (storage == DType::Float32) {
+        EXPECT_LE(c.max_abs_diff, 1e-4 * std::max(1.0, c.max_abs_reference)) << c.summary();
+        EXPECT_TRUE(c.all_topk_match()) << c.summary();
+      } else {
+        EXPECT_GT(c.pearson, 0.999) << c.summary();
+      }
+      EXPECT_TRUE(c.all_argmax_match()) << c.summary();
+    }
+    EXPECT_TRUE(cuda::replays_graph(*prepared));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Decode GEMV fusion: one-row linears reading the same row run as one batched GEMV (a residual add folded into
 // its linear), a gate/up pair with its silu_mul as one gated GEMV.
 

@@ -42,6 +42,11 @@ bool replays_graph(const PreparedProgram& program);
 // The nodes (kernels, copies, memsets) of its captured CUDA graph: what one replay launches; 0 before capture.
 size_t captured_graph_nodes(const PreparedProgram& program);
 
+// Whether convolutions may run on cuDNN here (libcudnn.so.9 loaded), and how many convolutions of the programs
+// prepared so far in this process run on it.
+bool cudnn_available();
+size_t cudnn_convolutions_chosen();
+
 // The GPU the backend runs on, as "NAME (sm_XY)"; fails with "cuda backend: no CUDA device: ..." without one.
 std::string gpu_name();
 

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <set>
 
 #include "backends/cuda/blas_lt.h"
 #include "backends/cuda/cuda_util.h"
+#include "backends/cuda/cudnn_conv.h"
 #include "backends/cuda/device_kernels.h"
 #include "ops/op_util.h"
 
@@ -820,6 +822,84 @@ std::optional<Launch> conv_as_gemm(const OpContext& ctx, const ConvParams& p, co
   return ConvAsGemm(ctx, blas, p, x, w, out, bias, residual).make();
 }
 
+Launch direct_conv(const OpContext& ctx, const ConvParams& p, const DeviceValue& x, const DeviceValue& w,
+                   const DeviceValue& out, Operand bias, Operand residual) {
+  return [node = &ctx.node, p, out, x, w, bias, residual](cudaStream_t stream) {
+    checked(launch_conv2d(stream, p, out.data, code(out.elem), operand(x), operand(w), bias, residual), "launch_conv2d",
+            *node);
+  };
+}
+
+// One way to run a convolution, timed against the others at prepare.
+struct ConvCandidate {
+  std::string name;
+  Launch launch;
+  bool cudnn = false;
+};
+
+// The convolution on cuDNN: the fused call (bias, residual and ReLU in cuDNN) where the epilogue fits it, and the
+// convolution alone followed by the epilogue kernel. Nothing when cuDNN is absent or takes neither; a cuDNN failure
+// while planning leaves the node to the other paths.
+std::vector<ConvCandidate> conv_on_cudnn(const OpContext& ctx, const ConvParams& p, const DeviceValue& x,
+                                         const DeviceValue& w, const DeviceValue& out, Operand bias, Operand residual) {
+  std::vector<ConvCandidate> candidates;
+  Cudnn* dnn = Cudnn::instance();
+  if (!dnn || x.elem != w.elem || w.elem != out.elem || !cpu::is_float_elem(out.elem)) return candidates;
+  if (!ctx.scratch || !ctx.stream) return candidates;
+  const CudnnConvRequest request{p, code(out.elem), x.data, w.data, out.data, bias, residual};
+  const bool has_epilogue = bias.data || residual.data || p.activation != UnaryOp::Identity || p.use_clamp;
+  const std::string label = where(ctx.node);
+  for (const bool fused : {true, false}) {
+    if (fused && !Cudnn::can_fuse(request)) continue;
+    std::shared_ptr<const CudnnConvolution> plan;
+    try {
+      plan = dnn->plan(request, fused, ctx.stream, label);
+    } catch (const Error& error) {
+      if (const char* log = std::getenv("NPUSIM_CUDA_CONV_LOG"); log && std::string(log) == "1")
+        std::fprintf(stderr, "npusim conv: %s: cuDNN left out: %s\n", label.c_str(), error.what());
+      cudaGetLastError();
+      continue;
+    }
+    if (!plan) continue;
+    ctx.scratch->reserve(plan->workspace_bytes(), label + ": cuDNN workspace");
+    const bool epilogue_kernel = !fused && has_epilogue;
+    Launch launch = [node = &ctx.node, plan, scratch = ctx.scratch, p, out, bias, residual,
+                     epilogue_kernel](cudaStream_t stream) {
+      plan->run(stream, scratch->data(), where(*node));
+      if (epilogue_kernel)
+        checked(launch_conv_epilogue(stream, p, out.data, code(out.elem), bias, residual), "launch_conv_epilogue",
+                *node);
+    };
+    candidates.push_back(
+        {std::string("cuDNN ") + (fused ? "fused" : "+ epilogue") + " algo " + std::to_string(plan->algorithm()),
+         std::move(launch), true});
+  }
+  return candidates;
+}
+
+// The fastest candidate, each timed as a whole launch on the node's buffers (the output is overwritten).
+std::optional<Launch> fastest(const OpContext& ctx, std::vector<ConvCandidate> candidates) {
+  if (candidates.empty()) return std::nullopt;
+  const std::string label = where(ctx.node);
+  size_t best = 0;
+  std::vector<double> times(candidates.size(), 0.0);
+  if (candidates.size() > 1) {
+    for (size_t i = 0; i < candidates.size(); ++i)
+      times[i] = time_on_stream(
+          ctx.stream, [&] { candidates[i].launch(ctx.stream); }, label);
+    best = static_cast<size_t>(std::min_element(times.begin(), times.end()) - times.begin());
+  }
+  if (const char* log = std::getenv("NPUSIM_CUDA_CONV_LOG"); log && std::string(log) == "1") {
+    std::string line;
+    for (size_t i = 0; i < candidates.size(); ++i)
+      line += (i ? ", " : "") + candidates[i].name + " " + std::to_string(times[i]) + " ms";
+    std::fprintf(stderr, "npusim conv: %s: %s; chosen %s\n", label.c_str(), line.c_str(),
+                 candidates[best].name.c_str());
+  }
+  if (candidates[best].cudnn) count_cudnn_convolution_chosen();
+  return std::move(candidates[best].launch);
+}
+
 std::optional<Launch> conv_op(const OpContext& ctx) {
   const Attrs& a = ctx.node.attrs;
   if (ctx.outputs.size() != 1 || ctx.inputs.size() < 2) return std::nullopt;
@@ -869,11 +949,17 @@ std::optional<Launch> conv_op(const OpContext& ctx) {
   }
   const Operand bias = has_bias ? operand(ctx.inputs[2]) : none();
   const Operand residual = has_residual ? operand(ctx.inputs.back()) : none();
-  if (auto gemm = conv_as_gemm(ctx, p, x, w, out, bias, residual)) return gemm;
-  return [node = &ctx.node, p, out, x, w, bias, residual](cudaStream_t stream) {
-    checked(launch_conv2d(stream, p, out.data, code(out.elem), operand(x), operand(w), bias, residual), "launch_conv2d",
-            *node);
-  };
+  std::vector<ConvCandidate> candidates;
+  const ConvPath path = conv_path_from_environment();
+  if (path != ConvPath::Lt) candidates = conv_on_cudnn(ctx, p, x, w, out, bias, residual);
+  if (path != ConvPath::Cudnn || candidates.empty()) {
+    std::optional<Launch> gemm = conv_as_gemm(ctx, p, x, w, out, bias, residual);
+    if (gemm)
+      candidates.push_back({"im2col + cuBLASLt", std::move(*gemm), false});
+    else
+      candidates.push_back({"direct", direct_conv(ctx, p, x, w, out, bias, residual), false});
+  }
+  return fastest(ctx, std::move(candidates));
 }
 
 std::optional<Launch> max_pool_op(const OpContext& ctx) {
