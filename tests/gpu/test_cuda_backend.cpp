@@ -209,7 +209,9 @@ void run_on_gpu(const std::vector<Case>& cases) {
   cuda::CudaBackend backend({.poison_memory = true});
   for (const Case& c : cases)
     run_case(c, backend, [](const Case& c, const PreparedProgram& prepared, const std::string& what) {
-      if (c.kernel) EXPECT_TRUE(cuda::replays_graph(prepared)) << what << " does not replay a CUDA graph";
+      if (c.kernel)
+        EXPECT_TRUE(cuda::replays_graph(prepared))
+            << what << " does not replay a CUDA graph: " << cuda::graph_capture_failure(prepared);
     });
 }
 
@@ -486,7 +488,7 @@ TEST(CudaConv, ResNet18OnCudnnMatchesTheCpuBackend) {
       }
       EXPECT_TRUE(c.all_argmax_match()) << c.summary();
     }
-    EXPECT_TRUE(cuda::replays_graph(*prepared));
+    EXPECT_TRUE(cuda::replays_graph(*prepared)) << cuda::graph_capture_failure(*prepared);
   }
 }
 
@@ -704,7 +706,7 @@ TEST_P(ResNetOnCuda, MatchesTheCpuBackend) {
     }
     EXPECT_TRUE(c.all_argmax_match()) << c.summary();
   }
-  EXPECT_TRUE(cuda::replays_graph(*prepared));
+  EXPECT_TRUE(cuda::replays_graph(*prepared)) << cuda::graph_capture_failure(*prepared);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -890,7 +892,7 @@ TEST(QwenTinyOnCuda, GreedyDecodingMatchesTheReferenceTokens) {
       tokens.push_back(best);
     }
     EXPECT_EQ(tokens, expected);
-    EXPECT_TRUE(cuda::replays_graph(*prepared));
+    EXPECT_TRUE(cuda::replays_graph(*prepared)) << cuda::graph_capture_failure(*prepared);
   }
 }
 

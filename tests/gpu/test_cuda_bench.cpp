@@ -287,13 +287,15 @@ TEST(CudaBench, QwenNativePrefill) {
     times.push_back(now_ms() - start);
     EXPECT_TRUE(std::isfinite(logits.data<float>()[0]));
   }
+  const bool replayed = cuda::replays_graph(*prepared);
+  const std::string failure = cuda::graph_capture_failure(*prepared);
   const double kernels = kernel_ms(*prepared, inputs, true);
   std::printf(
       "BENCH qwen2.5-1.5b bf16 native prefill of %lld tokens (last-token logits, %lld-position cache): run %.3f ms "
-      "median (min %.3f), kernels alone %.3f ms, %zu nodes on the host, graph replay %s\n",
+      "median (min %.3f), kernels alone %.3f ms, %zu nodes on the host, graph replay %s%s\n",
       static_cast<long long>(kTokens), static_cast<long long>(kContext), median(times),
       *std::min_element(times.begin(), times.end()), kernels, prepared->fallback_nodes().size(),
-      cuda::replays_graph(*prepared) ? "yes" : "no");
+      replayed ? "yes" : "no", failure.empty() ? "" : (" (capture failed: " + failure + ")").c_str());
 }
 
 }  // namespace

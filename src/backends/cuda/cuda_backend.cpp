@@ -166,6 +166,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     return nodes;
   }
   bool replays_graph() const { return graph_exec_ != nullptr; }
+  const std::string& capture_failure() const { return capture_failure_; }
   size_t graph_nodes() const { return graph_exec_ ? graph_nodes_ : 0; }
 
   // ---- state kept between runs (see PreparedProgram::bind_state) ----
@@ -638,22 +639,29 @@ class CudaPreparedProgram final : public PreparedProgram {
 
   // One capture of the whole run; a capture that fails leaves the program running launch by launch.
   void capture() {
-    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    if (const cudaError_t begun = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+        begun != cudaSuccess) {
       cudaGetLastError();
       options_.use_graphs = false;
+      capture_failure_ = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(begun);
       return;
     }
-    bool launched = true;
     try {
       enqueue_all(false);
-    } catch (const Error&) {
-      launched = false;
+    } catch (const Error& error) {
+      capture_failure_ = error.what();
     }
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
     if (ended == cudaSuccess && graph && cudaGraphGetNodes(graph, nullptr, &graph_nodes_) != cudaSuccess)
       graph_nodes_ = 0;
-    if (!launched || ended != cudaSuccess || !graph || cudaGraphInstantiate(&graph_exec_, graph, 0) != cudaSuccess) {
+    if (capture_failure_.empty() && ended != cudaSuccess)
+      capture_failure_ = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(ended);
+    if (capture_failure_.empty() && graph) {
+      if (const cudaError_t made = cudaGraphInstantiate(&graph_exec_, graph, 0); made != cudaSuccess)
+        capture_failure_ = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(made);
+    }
+    if (!capture_failure_.empty() || !graph) {
       cudaGetLastError();
       graph_exec_ = nullptr;
       options_.use_graphs = false;
@@ -817,6 +825,7 @@ class CudaPreparedProgram final : public PreparedProgram {
   std::vector<cudaEvent_t> events_;
   cudaGraphExec_t graph_exec_ = nullptr;
   size_t graph_nodes_ = 0;
+  std::string capture_failure_;  // why the run could not be captured, when it could not
   int64_t runs_ = 0;
   bool profiling_ = false;
 };
@@ -846,6 +855,11 @@ std::unique_ptr<PreparedProgram> CudaBackend::prepare_with_state(
 bool replays_graph(const PreparedProgram& program) {
   const auto* cuda = dynamic_cast<const CudaPreparedProgram*>(&program);
   return cuda && cuda->replays_graph();
+}
+
+std::string graph_capture_failure(const PreparedProgram& program) {
+  const auto* cuda = dynamic_cast<const CudaPreparedProgram*>(&program);
+  return cuda ? cuda->capture_failure() : std::string();
 }
 
 size_t captured_graph_nodes(const PreparedProgram& program) {

@@ -41,6 +41,9 @@ class CudaBackend : public Backend {
 bool replays_graph(const PreparedProgram& program);
 // The nodes (kernels, copies, memsets) of its captured CUDA graph: what one replay launches; 0 before capture.
 size_t captured_graph_nodes(const PreparedProgram& program);
+// Why its run could not be captured into a CUDA graph (it then runs launch by launch); empty when it was or has not
+// been tried.
+std::string graph_capture_failure(const PreparedProgram& program);
 
 // Whether convolutions may run on cuDNN here (libcudnn.so.9 loaded), and how many convolutions of the programs
 // prepared so far in this process run on it.
