@@ -585,9 +585,10 @@ void avx2_quantize_values(const float* values, int64_t count, float inverse, int
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
-// GCC 12's _mm512_reduce_add_ps starts from _mm256_undefined_pd(), which -Wuninitialized reports.
+// GCC 12's _mm512_reduce_add_ps starts from _mm256_undefined_pd(), which -W(maybe-)uninitialized reports.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // R bf16 weight rows against bf16 activations: each vdpbf16ps multiplies 32 pairs exactly and adds them in fp32;
 // every activation load serves the R rows.
@@ -653,8 +654,10 @@ void avx512_scaled_bf16(const int8_t* values, int64_t count, float scale, uint16
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+// As above: _mm512_reduce_add_ps.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 bool vnni_products(const GemvProblem& p) { return p.m == 1 && cpu_features().avx512vnni && int8_products(p.weight); }
 
