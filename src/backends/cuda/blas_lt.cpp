@@ -60,12 +60,6 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kCandidates = 16;
 
-template <typename Fn>
-bool resolve(void* library, const char* symbol, Fn& function) {
-  function = reinterpret_cast<Fn>(dlsym(library, symbol));
-  return function != nullptr;
-}
-
 cudaDataType data_type(int elem) {
   switch (elem) {
     case kF16:
@@ -78,23 +72,6 @@ cudaDataType data_type(int elem) {
 }
 
 int64_t elem_bytes(int elem) { return elem == kF32 ? 4 : 2; }
-
-bool environment_says_off(const char* name) {
-  const char* text = std::getenv(name);
-  return text && std::string(text) == "0";
-}
-
-bool environment_says_on(const char* name) {
-  const char* text = std::getenv(name);
-  return text && std::string(text) == "1";
-}
-
-// The largest power of two (up to 256) that divides the address and, for a batch walking it, the stride in bytes.
-uint32_t alignment_of(const void* pointer, int64_t stride_bytes) {
-  uint64_t bits = reinterpret_cast<uintptr_t>(pointer) | 256u;
-  if (stride_bytes != 0) bits |= static_cast<uint64_t>(stride_bytes);
-  return static_cast<uint32_t>(bits & (~bits + 1));
-}
 
 struct Choice {
   bool found = false;
@@ -126,7 +103,7 @@ const char* bias_name(GemmSpec::Bias bias) {
 
 }  // namespace
 
-bool gemm_tuning_enabled() { return !environment_says_off("NPUSIM_CUDA_GEMM_TUNE"); }
+bool gemm_tuning_enabled() { return !environment_is("NPUSIM_CUDA_GEMM_TUNE", "0"); }
 
 namespace {
 
@@ -185,24 +162,24 @@ Blas* Blas::instance() {
   static std::once_flag once;
   static Blas* blas = nullptr;
   std::call_once(once, [] {
-    if (environment_says_on("NPUSIM_CUDA_NO_CUBLAS")) return;
+    if (environment_is("NPUSIM_CUDA_NO_CUBLAS", "1")) return;
     void* library = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_LOCAL);
     if (!library) library = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
     if (!library) return;
     auto api = std::make_unique<Api>();
-    const bool complete = resolve(library, "cublasLtCreate", api->create) &&
-                          resolve(library, "cublasLtGetStatusString", api->status_string) &&
-                          resolve(library, "cublasLtMatmulDescCreate", api->desc_create) &&
-                          resolve(library, "cublasLtMatmulDescDestroy", api->desc_destroy) &&
-                          resolve(library, "cublasLtMatmulDescSetAttribute", api->desc_set) &&
-                          resolve(library, "cublasLtMatrixLayoutCreate", api->layout_create) &&
-                          resolve(library, "cublasLtMatrixLayoutDestroy", api->layout_destroy) &&
-                          resolve(library, "cublasLtMatrixLayoutSetAttribute", api->layout_set) &&
-                          resolve(library, "cublasLtMatmulPreferenceCreate", api->preference_create) &&
-                          resolve(library, "cublasLtMatmulPreferenceDestroy", api->preference_destroy) &&
-                          resolve(library, "cublasLtMatmulPreferenceSetAttribute", api->preference_set) &&
-                          resolve(library, "cublasLtMatmulAlgoGetHeuristic", api->heuristic) &&
-                          resolve(library, "cublasLtMatmul", api->matmul);
+    const bool complete = resolve_symbol(library, "cublasLtCreate", api->create) &&
+                          resolve_symbol(library, "cublasLtGetStatusString", api->status_string) &&
+                          resolve_symbol(library, "cublasLtMatmulDescCreate", api->desc_create) &&
+                          resolve_symbol(library, "cublasLtMatmulDescDestroy", api->desc_destroy) &&
+                          resolve_symbol(library, "cublasLtMatmulDescSetAttribute", api->desc_set) &&
+                          resolve_symbol(library, "cublasLtMatrixLayoutCreate", api->layout_create) &&
+                          resolve_symbol(library, "cublasLtMatrixLayoutDestroy", api->layout_destroy) &&
+                          resolve_symbol(library, "cublasLtMatrixLayoutSetAttribute", api->layout_set) &&
+                          resolve_symbol(library, "cublasLtMatmulPreferenceCreate", api->preference_create) &&
+                          resolve_symbol(library, "cublasLtMatmulPreferenceDestroy", api->preference_destroy) &&
+                          resolve_symbol(library, "cublasLtMatmulPreferenceSetAttribute", api->preference_set) &&
+                          resolve_symbol(library, "cublasLtMatmulAlgoGetHeuristic", api->heuristic) &&
+                          resolve_symbol(library, "cublasLtMatmul", api->matmul);
     if (!complete) return;
     cublasLtHandle_t handle = nullptr;
     if (api->create(&handle) != CUBLAS_STATUS_SUCCESS) return;
@@ -315,12 +292,12 @@ std::shared_ptr<const GemmPlan> Blas::plan(const GemmSpec& spec, const GemmOpera
           "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
 
   const bool batched = spec.batch > 1;
-  const uint32_t align_a = alignment_of(operands.a, batched ? spec.a_batch_stride * bytes : 0);
-  const uint32_t align_b = alignment_of(operands.b, batched ? spec.b_batch_stride * bytes : 0);
-  const uint32_t align_d = alignment_of(operands.d, batched ? spec.d_batch_stride * bytes : 0);
+  const uint32_t align_a = address_alignment(operands.a, batched ? spec.a_batch_stride * bytes : 0);
+  const uint32_t align_b = address_alignment(operands.b, batched ? spec.b_batch_stride * bytes : 0);
+  const uint32_t align_d = address_alignment(operands.d, batched ? spec.d_batch_stride * bytes : 0);
   const uint32_t align_c =
-      spec.accumulate ? alignment_of(operands.c, batched ? spec.d_batch_stride * bytes : 0) : align_d;
-  const uint32_t align_bias = bias ? alignment_of(operands.bias, 0) : 256u;
+      spec.accumulate ? address_alignment(operands.c, batched ? spec.d_batch_stride * bytes : 0) : align_d;
+  const uint32_t align_bias = bias ? address_alignment(operands.bias, 0) : 256u;
   const bool tune = gemm_tuning_enabled();
   const std::string key =
       std::to_string(spec.rows) + "x" + std::to_string(spec.cols) + "x" + std::to_string(spec.depth) + " b" +
@@ -408,7 +385,7 @@ std::shared_ptr<const GemmPlan> Blas::plan(const GemmSpec& spec, const GemmOpera
       }
     }
   }
-  if (environment_says_on("NPUSIM_CUDA_GEMM_LOG"))
+  if (environment_is("NPUSIM_CUDA_GEMM_LOG", "1"))
     std::fprintf(stderr, "npusim gemm: %s (%s): %s order, %zu candidates, first %.4f ms, chosen #%zu %.4f ms\n",
                  key.c_str(), where.c_str(), row_order ? "row" : "column", candidates.size(), first_ms, chosen_index,
                  choice.milliseconds);

@@ -855,7 +855,7 @@ std::vector<ConvCandidate> conv_on_cudnn(const OpContext& ctx, const ConvParams&
     try {
       plan = dnn->plan(request, fused, ctx.stream, label);
     } catch (const Error& error) {
-      if (const char* log = std::getenv("NPUSIM_CUDA_CONV_LOG"); log && std::string(log) == "1")
+      if (environment_is("NPUSIM_CUDA_CONV_LOG", "1"))
         std::fprintf(stderr, "npusim conv: %s: cuDNN left out: %s\n", label.c_str(), error.what());
       cudaGetLastError();
       continue;
@@ -889,7 +889,7 @@ std::optional<Launch> fastest(const OpContext& ctx, std::vector<ConvCandidate> c
           ctx.stream, [&] { candidates[i].launch(ctx.stream); }, label);
     best = static_cast<size_t>(std::min_element(times.begin(), times.end()) - times.begin());
   }
-  if (const char* log = std::getenv("NPUSIM_CUDA_CONV_LOG"); log && std::string(log) == "1") {
+  if (environment_is("NPUSIM_CUDA_CONV_LOG", "1")) {
     std::string line;
     for (size_t i = 0; i < candidates.size(); ++i)
       line += (i ? ", " : "") + candidates[i].name + " " + std::to_string(times[i]) + " ms";

@@ -54,6 +54,17 @@ std::string device_name() {
          ")";
 }
 
+bool environment_is(const char* name, const char* value) {
+  const char* text = std::getenv(name);
+  return text && std::string(text) == value;
+}
+
+uint32_t address_alignment(const void* pointer, int64_t stride_bytes) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(pointer) | 256u;
+  if (stride_bytes != 0) bits |= static_cast<uint64_t>(stride_bytes);
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes, const std::string& what) : size_(bytes) {
   if (bytes == 0) return;
   void* pointer = nullptr;

@@ -1,8 +1,10 @@
 #pragma once
 // Shared pieces of the CUDA backend's host code: checked CUDA calls, device memory and the device itself.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -18,6 +20,19 @@ void check_cuda(cudaError_t result, const char* call, const std::string& where);
 // there is no driver or GPU.
 void ensure_device();
 std::string device_name();
+
+// Whether environment variable `name` is set to exactly `value`.
+bool environment_is(const char* name, const char* value);
+
+// `symbol` of a library opened with dlopen, as `function`; false when the library lacks it.
+template <typename Fn>
+bool resolve_symbol(void* library, const char* symbol, Fn& function) {
+  function = reinterpret_cast<Fn>(dlsym(library, symbol));
+  return function != nullptr;
+}
+
+// The largest power of two up to 256 that divides the address and, for a batch walking it, the stride in bytes.
+uint32_t address_alignment(const void* pointer, int64_t stride_bytes = 0);
 
 // One cudaMalloc allocation, freed with the object.
 class DeviceBuffer {

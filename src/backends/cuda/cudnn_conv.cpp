@@ -130,17 +130,6 @@ namespace {
 // Algorithms whose workspace is larger are not considered (FFT at large batches asks for gigabytes).
 constexpr size_t kMaxWorkspaceBytes = size_t{256} << 20;
 
-template <typename Fn>
-bool resolve(void* library, const char* symbol, Fn& function) {
-  function = reinterpret_cast<Fn>(dlsym(library, symbol));
-  return function != nullptr;
-}
-
-bool environment_says_on(const char* name) {
-  const char* text = std::getenv(name);
-  return text && std::string(text) == "1";
-}
-
 int data_type(int elem) {
   switch (elem) {
     case kF16:
@@ -162,11 +151,6 @@ bool algorithm_allowed(int algo, int elem) {
 }
 
 bool fits_int(int64_t value) { return value >= 0 && value <= std::numeric_limits<int>::max(); }
-
-uint32_t alignment_of(const void* pointer) {
-  const uint64_t bits = reinterpret_cast<uintptr_t>(pointer) | 256u;
-  return static_cast<uint32_t>(bits & (~bits + 1));
-}
 
 struct Choice {
   bool found = false;
@@ -203,8 +187,8 @@ std::string problem_key(const CudnnConvRequest& r, bool fused) {
     if (p.activation == UnaryOp::Relu) key += " relu";
   }
   key += " align ";
-  for (const void* pointer : {r.x, r.w, static_cast<const void*>(r.y)}) append(alignment_of(pointer), '/');
-  if (fused && r.residual.data) append(alignment_of(r.residual.data), '/');
+  for (const void* pointer : {r.x, r.w, static_cast<const void*>(r.y)}) append(address_alignment(pointer), '/');
+  if (fused && r.residual.data) append(address_alignment(r.residual.data), '/');
   return key;
 }
 
@@ -231,7 +215,7 @@ Cudnn* Cudnn::instance() {
   static std::once_flag once;
   static Cudnn* cudnn = nullptr;
   std::call_once(once, [] {
-    if (environment_says_on("NPUSIM_CUDA_NO_CUDNN")) return;
+    if (environment_is("NPUSIM_CUDA_NO_CUDNN", "1")) return;
     try {
       ensure_device();  // the handle belongs to the backend's device
     } catch (const Error&) {
@@ -240,28 +224,29 @@ Cudnn* Cudnn::instance() {
     void* library = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
     if (!library) return;
     auto api = std::make_unique<Api>();
-    const bool complete = resolve(library, "cudnnGetVersion", api->get_version) &&
-                          resolve(library, "cudnnGetErrorString", api->error_string) &&
-                          resolve(library, "cudnnCreate", api->create) &&
-                          resolve(library, "cudnnSetStream", api->set_stream) &&
-                          resolve(library, "cudnnCreateTensorDescriptor", api->create_tensor) &&
-                          resolve(library, "cudnnDestroyTensorDescriptor", api->destroy_tensor) &&
-                          resolve(library, "cudnnSetTensor4dDescriptor", api->set_tensor_4d) &&
-                          resolve(library, "cudnnCreateFilterDescriptor", api->create_filter) &&
-                          resolve(library, "cudnnDestroyFilterDescriptor", api->destroy_filter) &&
-                          resolve(library, "cudnnSetFilter4dDescriptor", api->set_filter_4d) &&
-                          resolve(library, "cudnnCreateConvolutionDescriptor", api->create_convolution) &&
-                          resolve(library, "cudnnDestroyConvolutionDescriptor", api->destroy_convolution) &&
-                          resolve(library, "cudnnSetConvolution2dDescriptor", api->set_convolution_2d) &&
-                          resolve(library, "cudnnSetConvolutionMathType", api->set_math_type) &&
-                          resolve(library, "cudnnSetConvolutionGroupCount", api->set_group_count) &&
-                          resolve(library, "cudnnGetConvolution2dForwardOutputDim", api->output_dim) &&
-                          resolve(library, "cudnnCreateActivationDescriptor", api->create_activation) &&
-                          resolve(library, "cudnnDestroyActivationDescriptor", api->destroy_activation) &&
-                          resolve(library, "cudnnSetActivationDescriptor", api->set_activation) &&
-                          resolve(library, "cudnnGetConvolutionForwardAlgorithm_v7", api->algorithms) &&
-                          resolve(library, "cudnnConvolutionForward", api->forward) &&
-                          resolve(library, "cudnnConvolutionBiasActivationForward", api->bias_activation_forward);
+    const bool complete =
+        resolve_symbol(library, "cudnnGetVersion", api->get_version) &&
+        resolve_symbol(library, "cudnnGetErrorString", api->error_string) &&
+        resolve_symbol(library, "cudnnCreate", api->create) &&
+        resolve_symbol(library, "cudnnSetStream", api->set_stream) &&
+        resolve_symbol(library, "cudnnCreateTensorDescriptor", api->create_tensor) &&
+        resolve_symbol(library, "cudnnDestroyTensorDescriptor", api->destroy_tensor) &&
+        resolve_symbol(library, "cudnnSetTensor4dDescriptor", api->set_tensor_4d) &&
+        resolve_symbol(library, "cudnnCreateFilterDescriptor", api->create_filter) &&
+        resolve_symbol(library, "cudnnDestroyFilterDescriptor", api->destroy_filter) &&
+        resolve_symbol(library, "cudnnSetFilter4dDescriptor", api->set_filter_4d) &&
+        resolve_symbol(library, "cudnnCreateConvolutionDescriptor", api->create_convolution) &&
+        resolve_symbol(library, "cudnnDestroyConvolutionDescriptor", api->destroy_convolution) &&
+        resolve_symbol(library, "cudnnSetConvolution2dDescriptor", api->set_convolution_2d) &&
+        resolve_symbol(library, "cudnnSetConvolutionMathType", api->set_math_type) &&
+        resolve_symbol(library, "cudnnSetConvolutionGroupCount", api->set_group_count) &&
+        resolve_symbol(library, "cudnnGetConvolution2dForwardOutputDim", api->output_dim) &&
+        resolve_symbol(library, "cudnnCreateActivationDescriptor", api->create_activation) &&
+        resolve_symbol(library, "cudnnDestroyActivationDescriptor", api->destroy_activation) &&
+        resolve_symbol(library, "cudnnSetActivationDescriptor", api->set_activation) &&
+        resolve_symbol(library, "cudnnGetConvolutionForwardAlgorithm_v7", api->algorithms) &&
+        resolve_symbol(library, "cudnnConvolutionForward", api->forward) &&
+        resolve_symbol(library, "cudnnConvolutionBiasActivationForward", api->bias_activation_forward);
     if (!complete) return;
     const size_t version = api->get_version();
     if (version < 90000 || version >= 100000) return;
@@ -415,7 +400,7 @@ std::shared_ptr<const CudnnConvolution> Cudnn::plan(const CudnnConvRequest& requ
     }
     NPUSIM_CUDA_CHECK(cudaStreamSynchronize(stream), where + ": timing cuDNN algorithms");
   }
-  if (environment_says_on("NPUSIM_CUDA_CONV_LOG"))
+  if (environment_is("NPUSIM_CUDA_CONV_LOG", "1"))
     std::fprintf(stderr, "npusim cudnn: %s (%s): %zu candidates, chosen algo %d %.4f ms\n", key.c_str(), where.c_str(),
                  candidates.size(), choice.found ? choice.algo : -1, choice.milliseconds);
   {
