@@ -18,7 +18,7 @@ enum class AttrType {
   Scalar,  // a number kept as written (int or float)
   Bool,
   String,
-  Ints,    // list of int64; a single int is accepted as a one-element list
+  Ints,  // list of int64; a single int is accepted as a one-element list
   Floats,
   DTypeName,  // "torch.float32" style string, or null
 };
@@ -32,9 +32,9 @@ struct AttrSpec {
 
 // How one ATen spelling maps onto a canonical op.
 struct AtenSpelling {
-  std::string op_type;                        // "aten.relu_.default"
-  std::map<std::string, std::string> rename;  // IR attribute name -> canonical name
-  std::map<std::string, AttrValue> fixed;     // attributes implied by the spelling
+  std::string op_type;                             // "aten.relu_.default"
+  std::map<std::string, std::string> rename = {};  // IR attribute name -> canonical name
+  std::map<std::string, AttrValue> fixed = {};     // attributes implied by the spelling
 };
 
 // Shape and dtype inference. Throws npusim::Error with a reason; the caller adds file and node.
@@ -46,7 +46,7 @@ using ReferenceFn = std::function<std::vector<Tensor>(const Attrs& attrs, std::s
                                                       std::span<const TensorMeta> outputs)>;
 
 struct OpDef {
-  std::string name;                    // canonical name
+  std::string name;  // canonical name
   std::vector<AtenSpelling> spellings;
   std::vector<AttrSpec> attrs;
   int min_inputs = 0;
