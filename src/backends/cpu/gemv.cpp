@@ -883,6 +883,9 @@ void QuantizedWeight::dequantize_row(int64_t j, Elem elem, std::byte* out) const
   const float* row_scales = reinterpret_cast<const float*>(scales.data()) + j * groups;
   auto* floats = reinterpret_cast<float*>(out);
   auto* halves = reinterpret_cast<uint16_t*>(out);
+#ifdef NPUSIM_GEMV_X86
+  const bool avx512_bf16 = cpu_features().avx512() && cpu_features().avx512bf16;
+#endif
   for (int64_t g = 0; g < groups; ++g) {
     const float scale = row_scales[g];
     const int64_t end = std::min(k, (g + 1) * group);
@@ -891,7 +894,7 @@ void QuantizedWeight::dequantize_row(int64_t j, Elem elem, std::byte* out) const
       continue;
     }
 #ifdef NPUSIM_GEMV_X86
-    if (cpu_features().avx512() && cpu_features().avx512bf16) {
+    if (avx512_bf16) {
       avx512_scaled_bf16(row + g * group, end - g * group, scale, halves + g * group);
       continue;
     }

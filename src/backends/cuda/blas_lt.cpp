@@ -71,8 +71,6 @@ cudaDataType data_type(int elem) {
   }
 }
 
-int64_t elem_bytes(int elem) { return elem == kF32 ? 4 : 2; }
-
 struct Choice {
   bool found = false;
   cublasLtMatmulAlgo_t algo{};
@@ -216,7 +214,7 @@ std::shared_ptr<const GemmPlan> Blas::plan(const GemmSpec& spec, const GemmOpera
   };
   const bool row_order = spec.bias == GemmSpec::Bias::PerRow;
   const cudaDataType type = data_type(spec.elem);
-  const int64_t bytes = elem_bytes(spec.elem);
+  const int64_t bytes = element_bytes(spec.elem);
 
   std::shared_ptr<GemmPlan> plan(new GemmPlan());
   plan->operands_ = operands;

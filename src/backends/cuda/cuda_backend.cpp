@@ -42,18 +42,12 @@ DType storage_dtype(Elem elem) {
 
 std::string node_label(const Node& node) { return node.name + " (" + node.op + ")"; }
 
-bool graphs_enabled_by_environment() {
-  const char* text = std::getenv("NPUSIM_CUDA_GRAPHS");
-  return !text || std::string(text) != "0";
-}
+bool graphs_enabled_by_environment() { return !environment_is("NPUSIM_CUDA_GRAPHS", "0"); }
 
 int elem_code(Elem elem) { return static_cast<int>(elem); }
 Operand as_operand(const DeviceValue& value) { return {value.data, elem_code(value.elem)}; }
 
-bool fusion_enabled_by_environment() {
-  const char* text = std::getenv("NPUSIM_CUDA_FUSE");
-  return !text || std::string(text) != "0";
-}
+bool fusion_enabled_by_environment() { return !environment_is("NPUSIM_CUDA_FUSE", "0"); }
 
 // Host bytes of a device value.
 std::vector<std::byte> download(const std::byte* data, size_t bytes, cudaStream_t stream, const std::string& where) {

@@ -552,9 +552,11 @@ std::optional<Launch> attention_op(const OpContext& ctx) {
 
 // ---- GEMM ----
 
-bool gemm_epilogues_enabled() {
-  const char* text = std::getenv("NPUSIM_CUDA_GEMM_EPILOGUE");
-  return !text || std::string(text) != "0";
+bool gemm_epilogues_enabled() { return !environment_is("NPUSIM_CUDA_GEMM_EPILOGUE", "0"); }
+
+// Whether a convolution adds a bias or a residual or applies an activation after its sums.
+bool conv_has_epilogue(const ConvParams& p, Operand bias, Operand residual) {
+  return bias.data || residual.data || p.activation != UnaryOp::Identity || p.use_clamp;
 }
 
 // out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias) on cuBLASLt: the bias in the GEMM's epilogue when it has an algorithm
@@ -644,7 +646,7 @@ class ConvAsGemm {
 
   std::optional<Launch> make() {
     if (!pointwise_ && depth_ + 16 > kMaxIm2colGrid) return std::nullopt;
-    const bool has_epilogue = bias_.data || residual_.data || p_.activation != UnaryOp::Identity || p_.use_clamp;
+    const bool has_epilogue = conv_has_epilogue(p_, bias_, residual_);
     const bool try_fused = has_epilogue && epilogue_fits() && gemm_epilogues_enabled();
     const bool augment = try_fused && bias_.data && !pointwise_;
     const int64_t vector = 16 / elem_bytes_;
@@ -847,7 +849,7 @@ std::vector<ConvCandidate> conv_on_cudnn(const OpContext& ctx, const ConvParams&
   if (!dnn || x.elem != w.elem || w.elem != out.elem || !cpu::is_float_elem(out.elem)) return candidates;
   if (!ctx.scratch || !ctx.stream) return candidates;
   const CudnnConvRequest request{p, code(out.elem), x.data, w.data, out.data, bias, residual};
-  const bool has_epilogue = bias.data || residual.data || p.activation != UnaryOp::Identity || p.use_clamp;
+  const bool has_epilogue = conv_has_epilogue(p, bias, residual);
   const std::string label = where(ctx.node);
   for (const bool fused : {true, false}) {
     if (fused && !Cudnn::can_fuse(request)) continue;

@@ -141,8 +141,6 @@ int data_type(int elem) {
   }
 }
 
-size_t elem_bytes(int elem) { return elem == kF32 ? 4 : 2; }
-
 // 16-bit storage keeps to the GEMM-like and fused Winograd algorithms: the FFT and non-fused Winograd ones may hold
 // their transforms in 16 bits, a precaution (not measured here) for the tolerance of a direct sum.
 bool algorithm_allowed(int algo, int elem) {
@@ -342,7 +340,7 @@ std::shared_ptr<const CudnnConvolution> Cudnn::plan(const CudnnConvRequest& requ
     const int mode = p.activation == UnaryOp::Relu ? kActivationRelu : kActivationIdentity;
     check(api_->set_activation(d.activation, mode, kNotPropagateNan, 0.0), "cudnnSetActivationDescriptor");
     if (!request.bias.data) {
-      const size_t bytes = static_cast<size_t>(c) * elem_bytes(request.elem);
+      const size_t bytes = static_cast<size_t>(c * element_bytes(request.elem));
       d.zero_bias = std::make_unique<DeviceBuffer>(bytes, where + ": cuDNN's zero bias");
       NPUSIM_CUDA_CHECK(cudaMemset(d.zero_bias->data(), 0, bytes), where + ": cuDNN's zero bias");
     }

@@ -10,6 +10,8 @@ namespace npusim::cuda {
 
 constexpr int kMaxRank = 8;
 enum ElemCode : int { kF32 = 0, kF16 = 1, kBF16 = 2, kI64 = 3, kBool = 4 };
+// Bytes of one element of a float storage code.
+inline int64_t element_bytes(int elem) { return elem == kF32 ? 4 : 2; }
 
 // A logical shape and, per operand, element strides (0 where an operand broadcasts). Operand 0 is the output.
 struct Indexer {
