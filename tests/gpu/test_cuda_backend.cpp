@@ -24,6 +24,7 @@
 #include "compiler/target.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/model_config.h"
+#include "llm/native_builder.h"
 #include "runtime/compare.h"
 #include "runtime/dag_executor.h"
 #include "runtime/safetensors.h"
@@ -200,6 +201,22 @@ std::vector<Case> nn_cases() {
            {f({1, 6, 19, 32}), f({1, 2, 300, 32}), f({1, 2, 300, 32}), f({1, 1, 19, 300}), ints({19}, 100, 120)},
            attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "prefill chunk on a cache"));
   cases.push_back(make("attention", {f({2, 3, 40, 16}), f({2, 3, 200, 16}), f({2, 3, 200, 16})}, {}, "long rows"));
+  // Several query rows per head on tensor cores (fp16 and bf16 storage): 16-row fragments and 64-key tiles left
+  // partial, query heads of a group sharing a block, masks per head, attended keys bounded by the cache position.
+  cases.push_back(make("attention", {f({1, 12, 77, 128}), f({1, 2, 150, 128}), f({1, 2, 150, 128})},
+                       attrs({{"is_causal", B(true)}}), "tensor cores wide heads"));
+  cases.push_back(make("attention",
+                       {f({2, 4, 21, 80}), f({2, 2, 70, 80}), f({2, 2, 70, 80}), f({2, 4, 21, 70}), ints({21}, 40, 60)},
+                       attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}, {"scale", F(0.2)}}),
+                       "tensor cores mask per head"));
+  // A bool mask against one attended key leaves some rows with nothing to attend: zeros, or NaN as the reference.
+  for (const bool zero : {true, false})
+    cases.push_back(make("attention",
+                         {f({1, 2, 40, 32}), f({1, 1, 50, 32}), f({1, 1, 50, 32}), bools({40, 50}), ints({3}, 0, 1)},
+                         attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}, {"zero_masked_rows", B(zero)}}),
+                         zero ? "tensor cores masked rows zero" : "tensor cores masked rows NaN"));
+  cases.push_back(
+      make("attention", {f({1, 2, 0, 32}), f({1, 2, 5, 32}), f({1, 2, 5, 32})}, {}, "tensor cores no rows"));
   cases.push_back(make("rotary_embedding", {w({4}), ints({2, 7}, 0, 4096)}, attrs({{"attention_scaling", F(0.75)}})));
   return cases;
 }
@@ -646,6 +663,104 @@ TEST(CudaFusion, RopeAndCacheWritesRunAsOneLaunchAndMatchTheReference) {
       } catch (const Error& error) {
         EXPECT_NE(std::string(error.what()).find("out of range"), std::string::npos) << error.what();
         EXPECT_NE(std::string(error.what()).find("'new_"), std::string::npos) << error.what();
+      }
+    }
+  }
+}
+
+// A prefill chunk's attention as the native builder writes it: projections [1, T, heads * D] split into heads and
+// transposed, rope on q and k, k and v written into state caches at the chunk's positions, attention against the
+// caches under a causal mask, its output transposed back, merged, projected and added to the residual.
+Built prefill_attention_block(DType storage, int64_t tokens, int64_t start, int64_t context) {
+  constexpr int64_t kQHeads = 4, kKvHeads = 2, kWidth = 32;
+  Built b;
+  b.graph.source = "prefill attention block";
+  uint64_t seed = 1;
+  auto input = [&](const std::string& name, const Operand& operand) {
+    return add_operand(b, name, operand, seed++, storage);
+  };
+  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
+    return add_node(b, op, name, std::move(inputs), std::move(a));
+  };
+  const ValueId cos = input("cos", f({1, 1, tokens, kWidth})), sin = input("sin", f({1, 1, tokens, kWidth}));
+  const auto heads = [&](const std::string& name, int64_t count) {
+    const ValueId flat = input(name, f({1, tokens, count * kWidth}));
+    const ValueId split = node("reshape", name + ".heads", {flat}, attrs({{"shape", L({1, tokens, count, kWidth})}}));
+    return node("transpose", name + ".t", {split}, attrs({{"dim0", I(1)}, {"dim1", I(2)}}));
+  };
+  const ValueId q = node("rope", "q.rope", {heads("q", kQHeads), cos, sin});
+  const ValueId k = node("rope", "k.rope", {heads("k", kKvHeads), cos, sin});
+  const ValueId v = heads("v", kKvHeads);
+  const ValueId positions = input("cache_position", ints({tokens}, 0, 1));
+  const ValueId mask = input("mask", f({1, 1, tokens, context}));
+  const ValueId cache_k = input("cache_k", f({1, kKvHeads, context, kWidth}));
+  const ValueId cache_v = input("cache_v", f({1, kKvHeads, context, kWidth}));
+  const ValueId new_k = node("index_copy", "new_k", {cache_k, positions, k}, attrs({{"dim", I(2)}}));
+  const ValueId new_v = node("index_copy", "new_v", {cache_v, positions, v}, attrs({{"dim", I(2)}}));
+  const ValueId attended = node("attention", "sdpa", {q, new_k, new_v, mask, positions},
+                                attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}, {"scale", F(0.2)}}));
+  const ValueId back = node("transpose", "sdpa.t", {attended}, attrs({{"dim0", I(1)}, {"dim1", I(2)}}));
+  const ValueId merged = node("reshape", "merged", {back}, attrs({{"shape", L({1, tokens, kQHeads * kWidth})}}));
+  const ValueId projected = node("linear", "o", {merged, input("o.weight", w({kQHeads * kWidth, kQHeads * kWidth}))});
+  const ValueId residual = input("residual", f({1, tokens, kQHeads * kWidth}));
+  const ValueId sum = node("add", "residual_add", {residual, projected});
+  b.graph.outputs = {sum, new_k, new_v};
+  compiler::renumber_producers(b.graph);
+  for (int64_t i = 0; i < tokens; ++i) b.inputs["cache_position"].mutable_data<int64_t>()[i] = start + i;
+  b.inputs["mask"] = causal_chunk_mask(start, tokens, context);
+  return b;
+}
+
+TEST(CudaFusion, PrefillTransposesFoldIntoRopeCacheWritesAndAttention) {
+  const std::vector<std::pair<std::string, std::string>> pairs{{"cache_k", "new_k"}, {"cache_v", "new_v"}};
+  constexpr int64_t kTokens = 37, kStart = 5, kContext = 90;
+  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    std::optional<Tensor> fused_key_cache;
+    for (const bool fuse : {true, false}) {
+      const std::string what = std::string(dtype_name(storage)) + (fuse ? " fused" : " unfused");
+      SCOPED_TRACE(what);
+      Built b = prefill_attention_block(storage, kTokens, kStart, kContext);
+      cuda::CudaBackend backend({.poison_memory = true, .fuse_kernels = fuse});
+      const auto prepared = backend.prepare_with_state(program_for(b.graph, storage), b.weights, pairs);
+      EXPECT_TRUE(prepared->fallback_nodes().empty());
+      // 15 nodes; fused, the q/k/v transposes fold into the ropes and the value cache write, the key cache write
+      // into the k rope, the residual add into the projection's GEMM and (fp16/bf16, on tensor cores) the output
+      // transpose into the attention.
+      std::map<std::string, int> launches;
+      for (const KernelTiming& timing : prepared->last_timings()) ++launches[timing.op];
+      if (fuse) {
+        EXPECT_EQ(launches["transpose+rope"], 1) << what;
+        EXPECT_EQ(launches["transpose+rope+index_copy"], 1) << what;
+        EXPECT_EQ(launches["transpose+index_copy"], 1) << what;
+        EXPECT_EQ(launches["linear+add"], 1) << what;
+        EXPECT_EQ(launches["attention+transpose"], storage == DType::Float32 ? 0 : 1) << what;
+        EXPECT_EQ(prepared->last_timings().size(), storage == DType::Float32 ? 10u : 9u) << what;
+      } else {
+        EXPECT_EQ(prepared->last_timings().size(), 15u) << what;
+      }
+      std::map<std::string, Tensor> reference_inputs = b.inputs;
+      reference_inputs["cache_k"] = Tensor(DType::Float32, {1, 2, kContext, 32});
+      reference_inputs["cache_v"] = Tensor(DType::Float32, {1, 2, kContext, 32});
+      std::map<std::string, Tensor> inputs = b.inputs;
+      inputs.erase("cache_k");
+      inputs.erase("cache_v");
+      const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(reference_inputs);
+      for (int run = 0; run < 2; ++run) {
+        const NamedTensors actual = prepared->run(inputs);
+        ASSERT_EQ(actual.size(), 1u);  // the caches are state, read below
+        // rope, attention and the projection each round to the storage: three ops' tolerance.
+        expect_matches(actual[0].second, expected[0].second, storage, what + " projected", 3);
+        // The folded transposes change the addressing, not the values: the caches match the unfused run's exactly.
+        const Tensor key_cache = prepared->read_state("cache_k");
+        if (fuse) {
+          fused_key_cache = key_cache;
+        } else {
+          ASSERT_TRUE(fused_key_cache.has_value());
+          for (int64_t i = 0; i < key_cache.numel(); ++i)
+            ASSERT_EQ(key_cache.data<float>()[i], fused_key_cache->data<float>()[i]) << what << " element " << i;
+        }
+        expect_matches(prepared->read_state("cache_k"), expected[1].second, storage, what + " key cache");
+        expect_matches(prepared->read_state("cache_v"), expected[2].second, storage, what + " value cache");
       }
     }
   }

@@ -188,8 +188,10 @@ inline double tolerance(DType storage) {
 }
 
 // Every element: integers and bools exactly, floats within rtol * (|expected| + max |expected|), NaN where
-// the reference has NaN.
-inline void expect_matches(const Tensor& actual, const Tensor& expected, DType storage, const std::string& what) {
+// the reference has NaN; rtol is the storage's tolerance for one op, times `ops` for a chain of them (each rounds its
+// output to the storage).
+inline void expect_matches(const Tensor& actual, const Tensor& expected, DType storage, const std::string& what,
+                           int ops = 1) {
   ASSERT_EQ(actual.shape(), expected.shape()) << what;
   ASSERT_EQ(actual.dtype(), expected.dtype()) << what;
   if (expected.dtype() != DType::Float32) {
@@ -202,7 +204,7 @@ inline void expect_matches(const Tensor& actual, const Tensor& expected, DType s
   double scale = 0.0;
   for (int64_t i = 0; i < expected.numel(); ++i)
     if (std::isfinite(e[i])) scale = std::max(scale, static_cast<double>(std::fabs(e[i])));
-  const double rtol = tolerance(storage);
+  const double rtol = tolerance(storage) * ops;
   for (int64_t i = 0; i < expected.numel(); ++i) {
     if (std::isnan(e[i])) {
       ASSERT_TRUE(std::isnan(a[i])) << what << " element " << i << ": " << a[i] << ", expected NaN";

@@ -311,11 +311,18 @@ class CudaPreparedProgram final : public PreparedProgram {
     std::vector<std::optional<std::pair<Launch, std::string>>> fused(graph_.nodes.size());
     if (options_.fuse_kernels && fusion_enabled_by_environment()) {
       for (size_t n = 0; n < graph_.nodes.size(); ++n) {
-        if (fused_away[n]) continue;
+        if (fused_away[n] || fused[n]) continue;
         std::string label;
         std::optional<Launch> launch = fuse_decode_gemvs(n, fused_away, label);
         if (!launch) launch = fuse_rope_cache(n, fused_away, label);
-        if (launch) fused[n].emplace(std::move(*launch), std::move(label));
+        if (!launch) launch = fuse_attention_transpose(n, fused_away, label);
+        if (!launch) launch = fuse_linear_residual(n, fused_away, label);
+        if (launch) {
+          fused[n].emplace(std::move(*launch), std::move(label));
+        } else if (auto at_reader = fuse_transpose_into_reader(n, fused_away, fused, label)) {
+          fused_away[n] = true;
+          fused[at_reader->first].emplace(std::move(at_reader->second), std::move(label));
+        }
       }
     }
     for (size_t n = 0; n < graph_.nodes.size(); ++n) {
@@ -595,6 +602,136 @@ class CudaPreparedProgram final : public PreparedProgram {
     return [where_node, batch](cudaStream_t stream) {
       check_cuda(launch_rope_cache(stream, batch), "launch_rope_cache", node_label(*where_node));
     };
+  }
+
+  // ---- prefill layout fusion ----
+  // The transposes between [tokens, heads] and [heads, tokens] orders around attention (no-ops at one token) fold into
+  // the ops beside them: a rope reads its input through the transpose's strides (and writes straight into the KV
+  // cache when a cache write is its only reader), a cache write copies from the transpose's input, an attention
+  // writes its output in the transposed order.
+
+  // The strides through which a reader of transpose node `n`'s output can read its input instead, when the
+  // transpose copies (its output is not a view) and that reader is its only one.
+  std::optional<std::pair<size_t, std::vector<int64_t>>> foldable_transpose(size_t n) const {
+    const Node& transpose = graph_.nodes[n];
+    if (transpose.inputs.size() != 1 || transpose.outputs.size() != 1 ||
+        view_of_[static_cast<size_t>(transpose.outputs[0])] != kNoValue || state_of_value(transpose.inputs[0]) ||
+        state_of_value(transpose.outputs[0]))
+      return std::nullopt;
+    const auto reader = sole_consumer(transpose.outputs[0]);
+    if (!reader) return std::nullopt;
+    const DeviceValue in = value_at(transpose.inputs[0]), out = value_at(transpose.outputs[0]);
+    if (in.elem != out.elem) return std::nullopt;
+    auto strides = transposed_source_strides(transpose, in.meta.shape);
+    if (!strides) return std::nullopt;
+    return std::pair{*reader, std::move(*strides)};
+  }
+
+  // Transpose node `n` folded into its reader (a rope, or a cache write): the reader's launch, at the reader's place.
+  std::optional<std::pair<size_t, Launch>> fuse_transpose_into_reader(
+      size_t n, std::vector<bool>& fused_away, const std::vector<std::optional<std::pair<Launch, std::string>>>& fused,
+      std::string& label) const {
+    const auto foldable = foldable_transpose(n);
+    if (!foldable) return std::nullopt;
+    const auto& [r, strides] = *foldable;
+    if (fused_away[r] || fused[r]) return std::nullopt;
+    const Node& reader = graph_.nodes[r];
+    const DeviceValue source = value_at(graph_.nodes[n].inputs[0]);
+    const ValueId folded = graph_.nodes[n].outputs[0];
+    RopeCacheBatch batch;
+    if (reader.op == "rope" && reader.inputs.size() == 3 && reader.inputs[0] == folded && reader.inputs[1] != folded &&
+        reader.inputs[2] != folded) {
+      std::optional<RopeCacheJob> job = rope_job(context_of(r), source, strides);
+      if (!job) return std::nullopt;
+      label = "transpose+rope";
+      if (const auto write = cache_write_reading(reader.outputs[0], r);
+          write && !fused_away[*write] && !fused[*write]) {
+        const std::optional<RopeCacheJob> slot = cache_write_job(context_of(*write));
+        if (slot) {
+          job->kind = RopeCacheKind::RopeToCache;
+          job->out = slot->out;
+          job->out_elem = slot->out_elem;
+          job->dim_size = slot->dim_size;
+          job->inner = slot->inner;
+          job->index_count = slot->index_count;
+          job->index = slot->index;
+          job->error = slot->error;
+          fused_away[*write] = true;
+          label = "transpose+rope+index_copy";
+        }
+      }
+      batch.jobs[batch.count++] = *job;
+    } else if (reader.op == "index_copy" && reader.inputs.size() == 3 && reader.inputs[2] == folded &&
+               reader.inputs[0] != folded && reader.inputs[1] != folded) {
+      std::optional<RopeCacheJob> job = cache_write_job(context_of(r), source, strides);
+      if (!job) return std::nullopt;
+      batch.jobs[batch.count++] = *job;
+      label = "transpose+index_copy";
+    } else {
+      return std::nullopt;
+    }
+    const Node* where_node = &reader;
+    return std::pair{r, Launch([where_node, batch](cudaStream_t stream) {
+                       check_cuda(launch_rope_cache(stream, batch), "launch_rope_cache", node_label(*where_node));
+                     })};
+  }
+
+  // The in-place cache write (index_copy) that is the only reader of `rotated`, rope node `r`'s output, when it can
+  // run at the rope's place: its cache and index ready by then and the cache read by nothing else.
+  std::optional<size_t> cache_write_reading(ValueId rotated, size_t r) const {
+    const auto w = sole_consumer(rotated);
+    if (!w) return std::nullopt;
+    const Node& write = graph_.nodes[*w];
+    if (write.op != "index_copy" || write.inputs.size() != 3 || write.inputs[2] != rotated ||
+        consumers_[static_cast<size_t>(write.inputs[0])].size() != 1 || !ready_before(write.inputs[0], r) ||
+        !ready_before(write.inputs[1], r))
+      return std::nullopt;
+    return w;
+  }
+
+  // An attention node `n` whose only reader is a transpose to [batch, tokens, heads, features]: the attention writes
+  // the transpose's output and the transpose goes.
+  std::optional<Launch> fuse_attention_transpose(size_t n, std::vector<bool>& fused_away, std::string& label) const {
+    const Node& attention = graph_.nodes[n];
+    if (attention.op != "attention" || attention.outputs.size() != 1) return std::nullopt;
+    const auto t = sole_consumer(attention.outputs[0]);
+    if (!t || graph_.nodes[*t].op != "transpose" || fused_away[*t]) return std::nullopt;
+    const Node& transpose = graph_.nodes[*t];
+    if (transpose.outputs.size() != 1 || view_of_[static_cast<size_t>(transpose.outputs[0])] != kNoValue ||
+        state_of_value(transpose.outputs[0]))
+      return std::nullopt;
+    const Shape& shape = graph_.value(attention.outputs[0]).meta.shape;
+    const auto order = transposed_source_strides(transpose, shape);
+    if (shape.size() != 4 || !order) return std::nullopt;
+    const std::vector<int64_t> heads_inner{shape[1] * shape[2] * shape[3], shape[3], shape[2] * shape[3], 1};
+    if (*order != heads_inner) return std::nullopt;  // the transpose of dims 1 and 2
+    std::optional<Launch> launch = attention_with_heads_inner(context_of(n), value_at(transpose.outputs[0]));
+    if (!launch) return std::nullopt;
+    fused_away[*t] = true;
+    label = "attention+transpose";
+    return launch;
+  }
+
+  // A linear of several rows (prefill) whose only reader is a residual add: the GEMM accumulates onto the residual
+  // and writes the add's output.
+  std::optional<Launch> fuse_linear_residual(size_t n, std::vector<bool>& fused_away, std::string& label) const {
+    const Node& linear = graph_.nodes[n];
+    if (linear.op != "linear" || linear.outputs.size() != 1) return std::nullopt;
+    const auto a = sole_consumer(linear.outputs[0]);
+    if (!a || fused_away[*a]) return std::nullopt;
+    const Node& add = graph_.nodes[*a];
+    if (add.op != "add" || add.inputs.size() != 2 || add.outputs.size() != 1 ||
+        add.attrs.get_float("alpha", 1.0) != 1.0)
+      return std::nullopt;
+    const ValueId other = add.inputs[0] == linear.outputs[0] ? add.inputs[1] : add.inputs[0];
+    if (other == linear.outputs[0] || !ready_before(other, n) || state_of_value(add.outputs[0]) ||
+        view_of_[static_cast<size_t>(add.outputs[0])] != kNoValue)
+      return std::nullopt;
+    std::optional<Launch> launch = linear_with_residual(context_of(n), value_at(other), value_at(add.outputs[0]));
+    if (!launch) return std::nullopt;
+    fused_away[*a] = true;
+    label = "linear+add";
+    return launch;
   }
 
   // The op's CUDA kernel, or the host fallback. A factory that rejects the node's attributes leaves the verdict

@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 
+#include "backends/cuda/attention_mma.h"
 #include "backends/cuda/blas_lt.h"
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/cudnn_conv.h"
@@ -133,16 +134,11 @@ std::optional<std::vector<int64_t>> dim_order(const Node& node, const Shape& sha
 
 std::optional<Launch> transpose_op(const OpContext& ctx) {
   if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
-  const Shape& shape = ctx.inputs[0].meta.shape;
-  const auto found = dim_order(ctx.node, shape);
+  const auto found = transposed_source_strides(ctx.node, ctx.inputs[0].meta.shape);
   if (!found) return std::nullopt;
-  const std::vector<int64_t>& order = *found;
   if (ctx.inputs[0].data == ctx.outputs[0].data && ctx.inputs[0].elem == ctx.outputs[0].elem)
     return [](cudaStream_t) {};  // an alias: only dims of size 1 moved
-  const std::vector<int64_t> in_strides = strides_of(shape);
-  std::vector<int64_t> strides(order.size());
-  for (size_t d = 0; d < order.size(); ++d) strides[d] = in_strides[static_cast<size_t>(order[d])];
-  return strided_copy(ctx, strides, 0);
+  return strided_copy(ctx, *found, 0);
 }
 
 std::optional<Launch> expand_op(const OpContext& ctx) {
@@ -419,6 +415,8 @@ std::optional<RopeCacheJob> index_copy_geometry(const OpContext& ctx) {
   job.out = out.data;
   job.out_elem = code(out.elem);
   job.x = operand(source);
+  job.source_index_stride = job.inner;
+  job.source_outer_stride = job.index_count * job.inner;
   job.index = reinterpret_cast<const int64_t*>(index.data);
   job.error = ctx.error_flag;
   return job;
@@ -495,10 +493,10 @@ std::optional<Launch> softmax_op(const OpContext& ctx) {
   };
 }
 
-std::optional<Launch> attention_op(const OpContext& ctx) {
+std::optional<AttentionParams> attention_params(const OpContext& ctx) {
   const Attrs& a = ctx.node.attrs;
   if (ctx.outputs.size() != 1 || ctx.inputs.size() < 3) return std::nullopt;
-  const DeviceValue q = ctx.inputs[0], k = ctx.inputs[1], v = ctx.inputs[2], out = ctx.outputs[0];
+  const DeviceValue q = ctx.inputs[0], k = ctx.inputs[1], v = ctx.inputs[2];
   const size_t rank = q.meta.shape.size();
   if (rank < 3 || rank > 4) return std::nullopt;
   AttentionParams p{};
@@ -511,12 +509,11 @@ std::optional<Launch> attention_op(const OpContext& ctx) {
   p.source = k.meta.shape[rank - 2];
   p.value_embed = v.meta.shape[rank - 1];
   if (p.k_heads == 0 || p.v_heads == 0) return std::nullopt;
-  // Only the single-kernel form holds a row's scores in shared memory; the split (decode) form takes any length.
-  if (attention_scratch_floats(p) == 0 && p.embed + p.source > attention_max_source()) return std::nullopt;
   p.scale =
       static_cast<float>(a.is_none("scale") ? 1.0 / std::sqrt(static_cast<double>(p.embed)) : a.get_float("scale"));
   p.causal = a.get_bool("is_causal", false);
   p.zero_masked_rows = a.get_bool("zero_masked_rows", false);
+  p.tensor_cores = !environment_is("NPUSIM_CUDA_MMA_ATTENTION", "0");
   size_t next = 3;
   if (a.get_bool("has_mask", false)) {
     const DeviceValue& mask = ctx.inputs[next++];
@@ -535,7 +532,14 @@ std::optional<Launch> attention_op(const OpContext& ctx) {
     p.cache_position = reinterpret_cast<const int64_t*>(position.data);
     p.cache_position_count = position.numel();
   }
-  if (next != ctx.inputs.size()) return std::nullopt;
+  if (next != ctx.inputs.size() || !attention_supported(p, operand(k), operand(v))) return std::nullopt;
+  return p;
+}
+
+// The attention of `ctx` writing into `out` (the node's output, or another value where the output is laid out
+// otherwise).
+std::optional<Launch> attention_launch(const OpContext& ctx, const AttentionParams& p, const DeviceValue& out) {
+  const DeviceValue q = ctx.inputs[0], k = ctx.inputs[1], v = ctx.inputs[2];
   std::shared_ptr<DeviceBuffer> scratch;
   if (const int64_t floats = attention_scratch_floats(p); floats > 0) {
     scratch = std::make_shared<DeviceBuffer>(static_cast<size_t>(floats) * sizeof(float),
@@ -550,6 +554,12 @@ std::optional<Launch> attention_op(const OpContext& ctx) {
   };
 }
 
+std::optional<Launch> attention_op(const OpContext& ctx) {
+  const std::optional<AttentionParams> p = attention_params(ctx);
+  if (!p) return std::nullopt;
+  return attention_launch(ctx, *p, ctx.outputs[0]);
+}
+
 // ---- GEMM ----
 
 bool gemm_epilogues_enabled() { return !environment_is("NPUSIM_CUDA_GEMM_EPILOGUE", "0"); }
@@ -559,12 +569,13 @@ bool conv_has_epilogue(const ConvParams& p, Operand bias, Operand residual) {
   return bias.data || residual.data || p.activation != UnaryOp::Identity || p.use_clamp;
 }
 
-// out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias) on cuBLASLt: the bias in the GEMM's epilogue when it has an algorithm
-// for that, else a second launch; nothing when cuBLASLt takes neither.
-std::optional<Launch> library_linear(const OpContext& ctx, int64_t m, int64_t n, int64_t k, Operand bias) {
+// out[m, n] = x[m, k] · w[n, k]ᵀ (+ bias) (+ residual, as C) on cuBLASLt: the bias in the GEMM's epilogue when it has
+// an algorithm for that, else a second launch; nothing when cuBLASLt takes neither (or, with a residual, no epilogue).
+std::optional<Launch> library_linear(const OpContext& ctx, int64_t m, int64_t n, int64_t k, Operand bias,
+                                     const DeviceValue* residual = nullptr, const DeviceValue* into = nullptr) {
   Blas* blas = Blas::instance();
   if (!blas) return std::nullopt;
-  const DeviceValue x = ctx.inputs[0], w = ctx.inputs[1], out = ctx.outputs[0];
+  const DeviceValue x = ctx.inputs[0], w = ctx.inputs[1], out = into ? *into : ctx.outputs[0];
   const std::string label = where(ctx.node);
   GemmSpec spec;
   spec.rows = m;
@@ -572,7 +583,8 @@ std::optional<Launch> library_linear(const OpContext& ctx, int64_t m, int64_t n,
   spec.depth = k;
   spec.elem = code(out.elem);
   spec.b_transposed = true;
-  GemmOperands operands{x.data, w.data, nullptr, nullptr, out.data};
+  spec.accumulate = residual != nullptr;
+  GemmOperands operands{x.data, w.data, residual ? residual->data : nullptr, nullptr, out.data};
   if (bias.data && bias.elem == spec.elem && gemm_epilogues_enabled()) {
     spec.bias = GemmSpec::Bias::PerColumn;
     operands.bias = bias.data;
@@ -581,6 +593,7 @@ std::optional<Launch> library_linear(const OpContext& ctx, int64_t m, int64_t n,
     spec.bias = GemmSpec::Bias::None;
     operands.bias = nullptr;
   }
+  if (residual && bias.data) return std::nullopt;  // the bias would land after the residual
   auto plan = blas->plan(spec, operands, ctx.stream, label);
   if (!plan) return std::nullopt;
   return [node = &ctx.node, plan, label, m, n, out, bias](cudaStream_t stream) {
@@ -1044,12 +1057,20 @@ std::map<std::string, OpFactory> build_table() {
 
 std::optional<RopeCacheJob> rope_job(const OpContext& ctx) {
   if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1) return std::nullopt;
+  return rope_job(ctx, ctx.inputs[0], strides_of(ctx.inputs[0].meta.shape));
+}
+
+std::optional<RopeCacheJob> rope_job(const OpContext& ctx, const DeviceValue& x,
+                                     const std::vector<int64_t>& x_strides) {
+  if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1) return std::nullopt;
   const DeviceValue out = ctx.outputs[0];
   const Shape& shape = out.meta.shape;
-  if (shape.empty() || ctx.inputs[0].meta.shape != shape) return std::nullopt;
-  const auto ix = make_indexer(
-      shape, {strides_of(shape), strides_of(shape), ops::broadcast_strides(ctx.inputs[1].meta.shape, shape),
-              ops::broadcast_strides(ctx.inputs[2].meta.shape, shape)});
+  // The kernel finds the rotated partner of an element at +-width/2 elements: x's last dim must be contiguous.
+  if (shape.empty() || ctx.inputs[0].meta.shape != shape || x_strides.size() != shape.size() || x_strides.back() != 1)
+    return std::nullopt;
+  const auto ix =
+      make_indexer(shape, {strides_of(shape), x_strides, ops::broadcast_strides(ctx.inputs[1].meta.shape, shape),
+                           ops::broadcast_strides(ctx.inputs[2].meta.shape, shape)});
   if (!ix) return std::nullopt;
   RopeCacheJob job;
   job.kind = RopeCacheKind::RopeToOutput;
@@ -1058,7 +1079,7 @@ std::optional<RopeCacheJob> rope_job(const OpContext& ctx) {
   job.width = shape.back();
   job.out = out.data;
   job.out_elem = code(out.elem);
-  job.x = operand(ctx.inputs[0]);
+  job.x = operand(x);
   job.cos = operand(ctx.inputs[1]);
   job.sin = operand(ctx.inputs[2]);
   return job;
@@ -1068,6 +1089,68 @@ std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx) {
   if (ctx.inputs.size() != 3 || ctx.outputs.size() != 1 || ctx.inputs[0].data != ctx.outputs[0].data)
     return std::nullopt;
   return index_copy_geometry(ctx);
+}
+
+std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx, const DeviceValue& source,
+                                            const std::vector<int64_t>& source_strides) {
+  std::optional<RopeCacheJob> job = cache_write_job(ctx);
+  const Shape& shape = ctx.inputs[2].meta.shape;
+  if (!job || source_strides.size() != shape.size()) return std::nullopt;
+  const auto dim =
+      static_cast<size_t>(ops::normalize_dim(ctx.node.attrs.get_int("dim"), static_cast<int64_t>(shape.size())));
+  // The dims after `dim` must be contiguous in the source, the ones before it one evenly strided run.
+  int64_t inner = 1;
+  for (size_t d = shape.size(); d-- > dim + 1;) {
+    if (shape[d] != 1 && source_strides[d] != inner) return std::nullopt;
+    inner *= shape[d];
+  }
+  std::optional<int64_t> outer_stride;
+  int64_t run = 0;
+  for (size_t d = dim; d-- > 0;) {
+    if (shape[d] == 1) continue;
+    if (outer_stride && source_strides[d] != run) return std::nullopt;
+    if (!outer_stride) outer_stride = source_strides[d];
+    run = source_strides[d] * shape[d];
+  }
+  job->x = operand(source);
+  job->source_index_stride = source_strides[dim];
+  job->source_outer_stride = outer_stride.value_or(0);
+  return job;
+}
+
+std::optional<Launch> linear_with_residual(const OpContext& ctx, const DeviceValue& residual, const DeviceValue& out) {
+  if (ctx.inputs.size() < 2 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], w = ctx.inputs[1], y = ctx.outputs[0];
+  if (w.meta.shape.size() != 2 || x.meta.shape.empty() || !gemm_epilogues_enabled()) return std::nullopt;
+  const int64_t n = w.meta.shape[0], k = w.meta.shape[1];
+  const int64_t m = k > 0 ? x.numel() / k : 0;
+  if (x.meta.shape.back() != k || m <= 1 || n <= 0 || std::max({m, n, k}) >= std::numeric_limits<int>::max() ||
+      x.elem != w.elem || w.elem != y.elem || residual.elem != y.elem || out.elem != y.elem ||
+      residual.meta.shape != y.meta.shape || out.meta.shape != y.meta.shape || !cpu::is_float_elem(y.elem))
+    return std::nullopt;
+  const Operand bias = ctx.inputs.size() == 3 ? operand(ctx.inputs[2]) : none();
+  return library_linear(ctx, m, n, k, bias, &residual, &out);
+}
+
+std::optional<Launch> attention_with_heads_inner(const OpContext& ctx, const DeviceValue& out) {
+  std::optional<AttentionParams> p = attention_params(ctx);
+  if (!p) return std::nullopt;
+  const DeviceValue& k = ctx.inputs[1];
+  const DeviceValue& v = ctx.inputs[2];
+  if (!p->tensor_cores || k.elem != v.elem || !mma_attention_applies(*p, code(k.elem), k.data, v.data) ||
+      out.numel() != ctx.outputs[0].numel() || out.elem != ctx.outputs[0].elem)
+    return std::nullopt;
+  p->heads_inner_output = true;
+  return attention_launch(ctx, *p, out);
+}
+
+std::optional<std::vector<int64_t>> transposed_source_strides(const Node& node, const Shape& input_shape) {
+  const auto order = dim_order(node, input_shape);
+  if (!order) return std::nullopt;
+  const std::vector<int64_t> in_strides = strides_of(input_shape);
+  std::vector<int64_t> strides(order->size());
+  for (size_t d = 0; d < strides.size(); ++d) strides[d] = in_strides[static_cast<size_t>((*order)[d])];
+  return strides;
 }
 
 double rms_norm_eps(const Node& node, DType dtype) {

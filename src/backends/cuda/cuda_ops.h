@@ -52,8 +52,22 @@ std::vector<std::string> kernel_ops();
 // A rope node as one job of a fused rope/KV-cache launch (into its own output), or nothing when the rope kernel
 // does not take it.
 std::optional<RopeCacheJob> rope_job(const OpContext& ctx);
+// The same reading x from `x` through `x_strides` (per output dim, in elements; the last one 1): a rope whose
+// input is a transpose's output reading the transpose's input instead.
+std::optional<RopeCacheJob> rope_job(const OpContext& ctx, const DeviceValue& x, const std::vector<int64_t>& x_strides);
 // An index_copy that updates its first input in place (a KV cache) as one job of that launch, or nothing.
 std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx);
+// The same copying from `source` through `source_strides` (per dim of the node's source, in elements).
+std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx, const DeviceValue& source,
+                                            const std::vector<int64_t>& source_strides);
+// An attention node writing its output as [batch, length, heads, value_embed] into `out` (the bytes of a transpose
+// of its output), or nothing where its kernel cannot.
+std::optional<Launch> attention_with_heads_inner(const OpContext& ctx, const DeviceValue& out);
+// A linear of several rows (not the GEMV) whose output goes only to `out` = output + `residual` (a residual add),
+// as one cuBLASLt GEMM accumulating onto the residual, or nothing where it does not apply.
+std::optional<Launch> linear_with_residual(const OpContext& ctx, const DeviceValue& residual, const DeviceValue& out);
+// A transpose, t or permute node's input strides (in elements) per output dim: the output as a view of the input.
+std::optional<std::vector<int64_t>> transposed_source_strides(const Node& node, const Shape& input_shape);
 
 // The epsilon of an rms_norm node: its `eps`, or the machine epsilon of its output dtype when none is given.
 double rms_norm_eps(const Node& node, DType dtype);

@@ -82,8 +82,10 @@ struct RopeCacheJob {
   int64_t width = 0;  // ropes: the rotated last dim
   void* out = nullptr;
   int out_elem = kF32;
-  Operand x, cos, sin;  // a copy reads x contiguously
+  Operand x, cos, sin;
   int64_t dim_size = 0, inner = 1, index_count = 0;
+  // A copy reads source element (outer o, index j, inner e) at o * source_outer_stride + j * source_index_stride + e.
+  int64_t source_outer_stride = 0, source_index_stride = 0;
   const int64_t* index = nullptr;
   int* error = nullptr;
 };
@@ -184,15 +186,20 @@ struct AttentionParams {
   int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_column_stride;
   const int64_t* cache_position;  // null: every position; else positions 0..max(cache_position)
   int64_t cache_position_count;
+  bool tensor_cores;  // several query rows per head may take the tensor-core form (attention_mma.h)
+  // The output as [batch, length, q_heads, value_embed] instead of [batch, q_heads, length, value_embed] (the
+  // tensor-core form only).
+  bool heads_inner_output;
 };
-// Largest embed + source (query features plus key positions) the attention kernel holds in shared memory.
-int64_t attention_max_source();
 // Scratch floats the split (flash-decoding) form needs: one query row per head against a longer cache, its keys
 // split over blocks and combined by a second kernel. 0: the single-kernel form runs.
 int64_t attention_scratch_floats(const AttentionParams& p);
 // `scratch` holds attention_scratch_floats(p) floats, or is null for the single-kernel form.
 cudaError_t launch_attention(cudaStream_t stream, const AttentionParams& p, void* out, int out_elem, Operand q,
                              Operand k, Operand v, float* scratch);
+// Whether one of the attention kernels takes these parameters, given scratch of attention_scratch_floats(p) floats
+// (only the single-block form is bounded: it holds embed + source floats of a row in shared memory).
+bool attention_supported(const AttentionParams& p, Operand k, Operand v);
 
 // cos, sin [rows, 2 * half] from inv_freq [half] (fp32) and int64 positions [rows].
 cudaError_t launch_rotary_embedding(cudaStream_t stream, int64_t rows, int64_t half, float scaling, void* cos,

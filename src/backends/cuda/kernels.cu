@@ -258,7 +258,10 @@ __global__ void rope_cache_kernel(RopeCacheBatch batch) {
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     if (job.kind == RopeCacheKind::CopyToCache) {
       const int64_t slot = cache_slot(i, job.dim_size, job.inner, job.index_count, job.index, job.error);
-      if (slot >= 0) convert_element(job.out, job.out_elem, slot, job.x.data, job.x.elem, i);
+      const int64_t e = i % job.inner, j = (i / job.inner) % job.index_count, outer = i / (job.inner * job.index_count);
+      if (slot >= 0)
+        convert_element(job.out, job.out_elem, slot, job.x.data, job.x.elem,
+                        outer * job.source_outer_stride + j * job.source_index_stride + e);
       continue;
     }
     int64_t o[4];
