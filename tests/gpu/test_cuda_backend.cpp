@@ -773,6 +773,28 @@ TEST(CudaBackend, DeclaredKernelListMatchesTheKernelTable) {
   EXPECT_EQ(declared, kernels);
 }
 
+// A switch with a value it does not take fails at prepare, naming the variable, instead of running as if unset.
+TEST(CudaBackend, BadEnvironmentSwitchesAreErrorsNamingTheVariable) {
+  const Built b = build(make("relu", {f({3, 5})}), DType::Float32);
+  for (const auto& [name, value] :
+       std::vector<std::pair<const char*, const char*>>{{"NPUSIM_CUDA_CONV", "fast"},
+                                                        {"NPUSIM_CUDA_GRAPHS", "no"},
+                                                        {"NPUSIM_CUDA_FUSE", "2"},
+                                                        {"NPUSIM_CUDA_IM2COL_BYTES", "64M"},
+                                                        {"NPUSIM_CUDA_IM2COL_BYTES", "0"}}) {
+    const ScopedEnvironment bad(name, value);
+    try {
+      cuda::CudaBackend().prepare(program_for(b.graph, DType::Float32), b.weights);
+      ADD_FAILURE() << name << "=" << value << " was taken";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(name), std::string::npos) << error.what();
+      EXPECT_NE(std::string(error.what()).find(value), std::string::npos) << error.what();
+    }
+  }
+  const ScopedEnvironment fine("NPUSIM_CUDA_IM2COL_BYTES", "1048576");
+  EXPECT_NO_THROW(cuda::CudaBackend().prepare(program_for(b.graph, DType::Float32), b.weights));
+}
+
 TEST(CudaBackend, IndexOutOfRangeIsAnErrorNamingTheNode) {
   Built b = build(make("embedding", {w({5, 3}), ints({4}, 0, 5)}), DType::Float32);
   b.inputs["in1"].mutable_data<int64_t>()[2] = 7;

@@ -1,10 +1,11 @@
 // Attention for several query rows per head (prefill) on tensor cores: fp16 or bf16 keys and values, head widths
 // that are multiples of 16 up to 128. A block takes one m16 fragment of query rows (rows of the query heads that share
 // one key/value head, in [head, position] order) and splits the keys between its four warps: each warp copies its
-// tiles of 32 keys and values to shared memory asynchronously (the next one in flight while the current one is used),
-// runs the scores and the weighted sum as m16n8k16 matrix products with fp32 accumulation and folds them in with an
-// online softmax; the warps' runs are combined at the end. The weights are rounded to the key/value storage type for
-// the second product, as flash attention does.
+// tiles of 32 keys and values to shared memory asynchronously (its mask terms loading meanwhile), runs the scores and
+// the weighted sum as m16n8k16 matrix products with fp32 accumulation and folds them in with an online softmax; the
+// warps' runs are combined at the end. The weights are rounded to the key/value storage type for the second product,
+// as flash attention does. (One buffer per warp: a second one, copying the next tile during the current, measured
+// the same on the H100 at 128 tokens and halves the blocks an SM holds.)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -134,8 +135,9 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int quad_row = lane / 4, quad_column = (lane % 4) * 2;
-  // This warp's key and value tiles: [2 buffers][keys, values][kKeysPerTile][kStride].
-  T* tiles = reinterpret_cast<T*>(mma_shared) + warp * 4 * kTileElements;
+  // This warp's key and value tiles: [keys, values][kKeysPerTile][kStride].
+  T* keys = reinterpret_cast<T*>(mma_shared) + warp * 2 * kTileElements;
+  const T* values = keys + kTileElements;
   const int64_t group = p.q_heads / p.k_heads, group_rows = group * p.length;
   const int64_t chunks = (group_rows + kRowsPerBlock - 1) / kRowsPerBlock;
   const int64_t chunk = blockIdx.x % chunks, kv = (blockIdx.x / chunks) % p.k_heads,
@@ -160,8 +162,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const T* value_rows = v + (b * p.v_heads + kv) * p.source * kEmbed;
   // The warp's tiles are every kMmaWarps-th run of kKeysPerTile keys from its own index.
   const int64_t tile_step = int64_t{kMmaWarps} * kKeysPerTile;
-  auto copy_tile = [&](int64_t start, int buffer) {
-    T* keys = tiles + buffer * 2 * kTileElements;
+  auto copy_tile = [&](int64_t start) {
     for (int i = lane; i < kKeysPerTile * kVectors; i += 32) {
       const int row = i / kVectors, column = i % kVectors;
       const bool valid = start + row < end;  // rows past the attended keys are zero-filled
@@ -173,12 +174,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     commit_async_copies();
   };
   const int64_t first = int64_t{warp} * kKeysPerTile;
-  if (first < end) copy_tile(first, 0);
+  if (first < end) copy_tile(first);
 
   // The query rows as A fragments, one per 16-wide step of the head (typed loads issued together where the query is
   // stored like the keys).
   uint32_t query[Steps][4];
-  if (q.elem == element_code<T>()) {
+  if (q.elem == element_code<T>() && reinterpret_cast<uintptr_t>(q.data) % 4 == 0) {
     const T* rows = static_cast<const T*>(q.data);
 #pragma unroll
     for (int s = 0; s < Steps; ++s)
@@ -202,18 +203,11 @@ __global__ void __launch_bounds__(kMmaThreads)
 
   float acc[2 * Steps][4] = {};  // [8-wide output column block][fragment]
   float run_max[2] = {-INFINITY, -INFINITY}, run_sum[2] = {0.0f, 0.0f};
-  int buffer = 0;
-  for (int64_t start = first; start < end; start += tile_step, buffer ^= 1) {
-    if (start + tile_step < end) copy_tile(start + tile_step, buffer ^ 1);
+  for (int64_t start = first; start < end; start += tile_step) {
     float bias[kKeysPerTile / 8][4];
     mask_terms(p, mask_row, valid_row, start, end, bias);
-    if (start + tile_step < end)
-      wait_async_copies<1>();
-    else
-      wait_async_copies<0>();
+    wait_async_copies<0>();
     __syncwarp();
-    const T* keys = tiles + buffer * 2 * kTileElements;
-    const T* values = keys + kTileElements;
 
     // Scores of 8 keys per fragment: lanes hold rows quad_row (+8), keys quad_column, +1 of each block of 8.
     float score[kKeysPerTile / 8][4] = {};
@@ -283,7 +277,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         mma_16816<T>(acc[2 * s + 1], weights, fragments[2], fragments[3]);
       }
     }
-    __syncwarp();  // the buffer is free for the next copy
+    __syncwarp();  // the tile is free for the next copy
+    if (start + tile_step < end) copy_tile(start + tile_step);
   }
 
   // The warps' runs combined: each leaves its rows' maxima, sums and weighted sums in shared memory (over the tiles,
@@ -295,47 +290,82 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
   __syncthreads();
   auto* partial = reinterpret_cast<float*>(mma_shared);         // [warp][row][kEmbed]
-  float* stats = partial + kMmaWarps * kRowsPerBlock * kEmbed;  // [warp][row][max, sum]
+  float* stats = partial + kMmaWarps * kRowsPerBlock * kEmbed;  // [warp][row][max, sum], then [warp][row] weights
 #pragma unroll
   for (int c = 0; c < 2 * Steps; ++c)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      partial[(warp * kRowsPerBlock + quad_row + 8 * (e / 2)) * kEmbed + c * 8 + quad_column + e % 2] = acc[c][e];
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(partial + (warp * kRowsPerBlock + quad_row + 8 * h) * kEmbed + c * 8 + quad_column) =
+          make_float2(acc[c][2 * h], acc[c][2 * h + 1]);
   if (lane % 4 == 0)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      stats[(warp * kRowsPerBlock + quad_row + 8 * h) * 2] = run_max[h];
-      stats[(warp * kRowsPerBlock + quad_row + 8 * h) * 2 + 1] = run_sum[h];
-    }
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(stats + (warp * kRowsPerBlock + quad_row + 8 * h) * 2) =
+          make_float2(run_max[h], run_sum[h]);
   __syncthreads();
-  for (int i = threadIdx.x; i < kRowsPerBlock * kEmbed; i += kMmaThreads) {
-    const int row = i / kEmbed;
-    const int64_t r = chunk * kRowsPerBlock + row;
-    if (r >= group_rows) break;
+  // Each row's weight for each warp's run (0 for a row with nothing attended), in place of its statistics.
+  float* weights = stats + 2 * kMmaWarps * kRowsPerBlock;  // [warp][row]
+  float* tops = weights + kMmaWarps * kRowsPerBlock;       // [row]
+  if (threadIdx.x < kRowsPerBlock) {
+    const int row = threadIdx.x;
+    float2 run[kMmaWarps];
     float top = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kMmaWarps; ++w) top = fmaxf(top, stats[(w * kRowsPerBlock + row) * 2]);
-    float weighted = 0.0f, sum = 0.0f;
-    if (top != -INFINITY)
+    for (int w = 0; w < kMmaWarps; ++w) {
+      run[w] = *reinterpret_cast<const float2*>(stats + (w * kRowsPerBlock + row) * 2);
+      top = fmaxf(top, run[w].x);
+    }
+    float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kMmaWarps; ++w) {
-        const float peak = stats[(w * kRowsPerBlock + row) * 2];
-        const float scale = peak == -INFINITY ? 0.0f : __expf(peak - top);
-        sum += stats[(w * kRowsPerBlock + row) * 2 + 1] * scale;
-        weighted += partial[(w * kRowsPerBlock + row) * kEmbed + i % kEmbed] * scale;
-      }
+    for (int w = 0; w < kMmaWarps; ++w) {
+      run[w].x = run[w].x == -INFINITY ? 0.0f : __expf(run[w].x - top);
+      sum += run[w].y * run[w].x;
+    }
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) weights[w * kRowsPerBlock + row] = top == -INFINITY ? 0.0f : run[w].x / sum;
+    tops[row] = top;
+  }
+  __syncthreads();
+  // Four features per thread: the runs' sums weighed, stored as the output's type.
+  const bool typed_store = out_elem == element_code<T>() && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  for (int i = threadIdx.x; i < kRowsPerBlock * kEmbed / 4; i += kMmaThreads) {
+    const int row = i / (kEmbed / 4), feature = i % (kEmbed / 4) * 4;
+    const int64_t r = chunk * kRowsPerBlock + row;
+    if (r >= group_rows) break;
+    float4 total = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kMmaWarps; ++w) {
+      const float weight = weights[w * kRowsPerBlock + row];
+      const float4 part = *reinterpret_cast<const float4*>(partial + (w * kRowsPerBlock + row) * kEmbed + feature);
+      total.x += part.x * weight;
+      total.y += part.y * weight;
+      total.z += part.z * weight;
+      total.w += part.w * weight;
+    }
+    const float top = tops[row];
+    const float value[4] = {finished_value(p, total.x, top, 1.0f), finished_value(p, total.y, top, 1.0f),
+                            finished_value(p, total.z, top, 1.0f), finished_value(p, total.w, top, 1.0f)};
     const int64_t row_head = kv * group + r / p.length, row_position = r % p.length;
-    const int64_t at = p.heads_inner_output ? (b * p.length + row_position) * p.q_heads + row_head
-                                            : (b * p.q_heads + row_head) * p.length + row_position;
-    store_f(out, out_elem, at * kEmbed + i % kEmbed, finished_value(p, weighted, top, sum));
+    const int64_t at = (p.heads_inner_output ? (b * p.length + row_position) * p.q_heads + row_head
+                                             : (b * p.q_heads + row_head) * p.length + row_position) *
+                           kEmbed +
+                       feature;
+    if (typed_store) {
+      *reinterpret_cast<uint2*>(static_cast<T*>(out) + at) =
+          make_uint2(pack_pair<T>(value[0], value[1]), pack_pair<T>(value[2], value[3]));
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) store_f(out, out_elem, at + e, value[e]);
+    }
   }
 }
 
 template <typename T, int Steps>
 cudaError_t launch_typed(cudaStream_t stream, const AttentionParams& p, void* out, int out_elem, Operand q,
                          const void* k, const void* v) {
-  constexpr int64_t kSharedBytes = int64_t{4} * kMmaWarps * kKeysPerTile * (Steps * 16 + kRowPad) * sizeof(T);
-  static_assert(kSharedBytes >= kMmaWarps * kRowsPerBlock * (Steps * 16 + 2) * 4, "room for the warps' runs");
+  constexpr int64_t kSharedBytes = int64_t{2} * kMmaWarps * kKeysPerTile * (Steps * 16 + kRowPad) * sizeof(T);
+  static_assert(kSharedBytes >= (kMmaWarps * kRowsPerBlock * (Steps * 16 + 3) + kRowsPerBlock) * 4,
+                "room for the warps' runs");
   static std::atomic<bool> configured{false};
   if (kSharedBytes > 48 * 1024 && !configured.load()) {
     const cudaError_t error = cudaFuncSetAttribute(

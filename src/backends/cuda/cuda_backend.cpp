@@ -974,12 +974,14 @@ BackendCapabilities CudaBackend::capabilities() const {
 
 std::unique_ptr<PreparedProgram> CudaBackend::prepare(const Program& program,
                                                       const std::vector<std::pair<ValueId, Tensor>>& weights) {
+  check_environment();
   return std::make_unique<CudaPreparedProgram>(program, weights, options_);
 }
 
 std::unique_ptr<PreparedProgram> CudaBackend::prepare_with_state(
     const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights,
     const std::vector<std::pair<std::string, std::string>>& state, const PreparedProgram* share_with) {
+  check_environment();
   return std::make_unique<CudaPreparedProgram>(program, weights, options_, state, share_with);
 }
 

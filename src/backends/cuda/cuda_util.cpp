@@ -1,8 +1,11 @@
 #include "backends/cuda/cuda_util.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace npusim::cuda {
 
@@ -14,9 +17,21 @@ void check_cuda(cudaError_t result, const char* call, const std::string& where) 
 
 namespace {
 
+// The whole of `text` as a decimal number, or -1.
+long long environment_number(const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(text, &end, 10);
+  return errno != 0 || end == text || *end != '\0' ? -1 : value;
+}
+
 int chosen_ordinal() {
   const char* text = std::getenv("NPUSIM_CUDA_DEVICE");
-  return text ? std::atoi(text) : 0;
+  if (!text || !*text) return 0;
+  const long long ordinal = environment_number(text);
+  if (ordinal < 0 || ordinal > 1024)
+    fail(std::string("NPUSIM_CUDA_DEVICE must be a device number, got '") + text + "'");
+  return static_cast<int>(ordinal);
 }
 
 }  // namespace
@@ -57,6 +72,24 @@ std::string device_name() {
 bool environment_is(const char* name, const char* value) {
   const char* text = std::getenv(name);
   return text && std::string(text) == value;
+}
+
+void check_environment() {
+  static const std::vector<std::pair<const char*, std::vector<std::string>>> kSwitches = {
+      {"NPUSIM_CUDA_GRAPHS", {"0", "1"}},        {"NPUSIM_CUDA_FUSE", {"0", "1"}},
+      {"NPUSIM_CUDA_GEMM_TUNE", {"0", "1"}},     {"NPUSIM_CUDA_GEMM_EPILOGUE", {"0", "1"}},
+      {"NPUSIM_CUDA_GEMM_LOG", {"0", "1"}},      {"NPUSIM_CUDA_NO_CUBLAS", {"0", "1"}},
+      {"NPUSIM_CUDA_NO_CUDNN", {"0", "1"}},      {"NPUSIM_CUDA_CONV_LOG", {"0", "1"}},
+      {"NPUSIM_CUDA_MMA_ATTENTION", {"0", "1"}}, {"NPUSIM_CUDA_CONV", {"lt", "cudnn"}}};
+  for (const auto& [name, values] : kSwitches) {
+    const char* text = std::getenv(name);
+    if (!text || !*text || std::find(values.begin(), values.end(), text) != values.end()) continue;
+    std::string allowed;
+    for (const std::string& value : values) allowed += (allowed.empty() ? "" : " or ") + value;
+    fail(std::string(name) + " must be " + allowed + ", got '" + text + "'");
+  }
+  if (const char* text = std::getenv("NPUSIM_CUDA_IM2COL_BYTES"); text && *text && environment_number(text) <= 0)
+    fail(std::string("NPUSIM_CUDA_IM2COL_BYTES must be a positive number of bytes, got '") + text + "'");
 }
 
 uint32_t address_alignment(const void* pointer, int64_t stride_bytes) {

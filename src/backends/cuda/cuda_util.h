@@ -1,13 +1,13 @@
 #pragma once
 // Shared pieces of the CUDA backend's host code: checked CUDA calls, device memory and the device itself.
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "core/shared_library.h"
 #include "npusim/error.h"
 
 namespace npusim::cuda {
@@ -24,12 +24,9 @@ std::string device_name();
 // Whether environment variable `name` is set to exactly `value`.
 bool environment_is(const char* name, const char* value);
 
-// `symbol` of a library opened with dlopen, as `function`; false when the library lacks it.
-template <typename Fn>
-bool resolve_symbol(void* library, const char* symbol, Fn& function) {
-  function = reinterpret_cast<Fn>(dlsym(library, symbol));
-  return function != nullptr;
-}
+// Fails naming the variable when one of the backend's switches ($NPUSIM_CUDA_GRAPHS, _FUSE, _CONV, _IM2COL_BYTES, ...)
+// holds a value it does not take, rather than running as if it were unset.
+void check_environment();
 
 // The largest power of two up to 256 that divides the address and, for a batch walking it, the stride in bytes.
 uint32_t address_alignment(const void* pointer, int64_t stride_bytes = 0);

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/shared_library.h"
 #include "kernel_api/kernel_cache.h"
 #include "kernel_api/launchers.h"
 #include "kernel_api/source_gen.h"
@@ -73,11 +74,12 @@ struct CudaDevice {
   int max_shared_optin = 0;    // per block at most
 };
 
+// resolve_symbol, naming a symbol the library lacks in `missing`.
 template <typename Fn>
 bool resolve(void* library, const char* symbol, Fn& function, std::string& missing) {
-  function = reinterpret_cast<Fn>(dlsym(library, symbol));
-  if (!function) missing += std::string(missing.empty() ? "" : ", ") + symbol;
-  return function != nullptr;
+  if (resolve_symbol(library, symbol, function)) return true;
+  missing += std::string(missing.empty() ? "" : ", ") + symbol;
+  return false;
 }
 
 // Opens the driver and the device once; afterwards returns the device, or null with the reason.
