@@ -120,6 +120,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     state_ = resolve_state(state, share_state_with);
     place_values();
     build_kernels();
+    allocate_staging();
   }
 
   ~CudaPreparedProgram() override {
@@ -163,6 +164,23 @@ class CudaPreparedProgram final : public PreparedProgram {
   const std::string& capture_failure() const { return capture_failure_; }
   size_t graph_nodes() const { return graph_exec_ ? graph_nodes_ : 0; }
 
+  double time_replays(int replays) {
+    if (!graph_exec_) fail(graph_.source + ": no captured CUDA graph to time (run the program first)");
+    cudaEvent_t start = nullptr, stop = nullptr;
+    const std::string where = graph_.source + ": timing graph replays";
+    NPUSIM_CUDA_CHECK(cudaEventCreate(&start), where);
+    std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> start_owner(start, cudaEventDestroy);
+    NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), where);
+    std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> stop_owner(stop, cudaEventDestroy);
+    NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream_), where);
+    for (int i = 0; i < replays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_), where);
+    NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream_), where);
+    NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), where);
+    float milliseconds = 0.0f;
+    NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start, stop), where);
+    return static_cast<double>(milliseconds) / std::max(replays, 1);
+  }
+
   // ---- state kept between runs (see PreparedProgram::bind_state) ----
 
   void bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
@@ -172,6 +190,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     release_graph();
     place_values();
     build_kernels();
+    allocate_staging();
   }
 
   void write_state(const std::string& input, const Tensor& value) override {
@@ -826,19 +845,35 @@ class CudaPreparedProgram final : public PreparedProgram {
     }
   }
 
-  void check_error_flags(const std::vector<int>& flags) const {
-    for (size_t i = 0; i < flags.size(); ++i)
+  // `flags` holds one int per node.
+  void check_error_flags(const int* flags) const {
+    for (size_t i = 0; i < graph_.nodes.size(); ++i)
       if (flags[i])
         fail(graph_.source + ": node '" + graph_.nodes[i].name + "' (" + graph_.nodes[i].source_op +
              "): an index is out of range");
   }
 
   // ---- inputs and outputs ----
+  // Inputs, outputs and error flags pass through page-locked host buffers made at prepare, so that a run allocates
+  // nothing and its copies run as DMA.
+
+  void allocate_staging() {
+    input_staging_.clear();
+    output_staging_.clear();
+    for (ValueId id : graph_.inputs)
+      input_staging_.emplace_back(state_of_input(graph_.value(id).name) ? 0 : value_at(id).bytes(),
+                                  graph_.source + ": input '" + graph_.value(id).name + "'");
+    for (ValueId id : graph_.outputs)
+      output_staging_.emplace_back(state_of_output(id) ? 0 : value_at(id).bytes(),
+                                   graph_.source + ": output '" + graph_.value(id).name + "'");
+    flag_staging_ = PinnedBuffer(flags_.size(), graph_.source + ": error flags");
+  }
 
   void copy_inputs(const std::map<std::string, Tensor>& inputs) {
     for (const auto& [name, tensor] : inputs) find_graph_io(graph_, graph_.inputs, name, "input");
     if (state_.empty()) check_inputs(graph_, inputs);
-    for (ValueId id : graph_.inputs) {
+    for (size_t input = 0; input < graph_.inputs.size(); ++input) {
+      const ValueId id = graph_.inputs[input];
       const Value& value = graph_.value(id);
       auto it = inputs.find(value.name);
       if (it == inputs.end()) {
@@ -854,37 +889,35 @@ class CudaPreparedProgram final : public PreparedProgram {
         fail("input '" + value.name + "' has dtype " + std::string(dtype_name(tensor.dtype())) +
              ", the graph expects " + std::string(dtype_name(value.meta.dtype)));
       const DeviceValue in = value_at(id);
-      std::vector<std::byte> bytes(in.bytes());
-      cpu::tensor_to_storage(tensor.to_reference(), bytes.data(), in.elem);
-      // From pageable memory the copy returns once the bytes are staged, so `bytes` may go right away.
-      if (!bytes.empty())
-        NPUSIM_CUDA_CHECK(cudaMemcpyAsync(in.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice, stream_),
-                          graph_.source + ": copying input '" + value.name + "'");
+      const PinnedBuffer& staged = input_staging_[input];
+      if (staged.size() == 0) continue;
+      // The previous run's copy out of the staging buffer has finished: collect_outputs synchronized the stream.
+      cpu::tensor_to_storage(tensor, staged.data(), in.elem);
+      NPUSIM_CUDA_CHECK(cudaMemcpyAsync(in.data, staged.data(), staged.size(), cudaMemcpyHostToDevice, stream_),
+                        graph_.source + ": copying input '" + value.name + "'");
     }
   }
 
   NamedTensors collect_outputs() {
-    NamedTensors outputs;
-    std::vector<std::pair<ValueId, std::vector<std::byte>>> staged;
-    for (ValueId id : graph_.outputs) {
-      if (state_of_output(id)) continue;
-      const DeviceValue out = value_at(id);
-      std::vector<std::byte> bytes(out.bytes());
-      if (!bytes.empty())
-        NPUSIM_CUDA_CHECK(cudaMemcpyAsync(bytes.data(), out.data, bytes.size(), cudaMemcpyDeviceToHost, stream_),
-                          graph_.source + ": copying output '" + graph_.value(id).name + "'");
-      staged.emplace_back(id, std::move(bytes));
+    for (size_t output = 0; output < graph_.outputs.size(); ++output) {
+      const PinnedBuffer& staged = output_staging_[output];
+      if (staged.size() > 0)
+        NPUSIM_CUDA_CHECK(cudaMemcpyAsync(staged.data(), value_at(graph_.outputs[output]).data, staged.size(),
+                                          cudaMemcpyDeviceToHost, stream_),
+                          graph_.source + ": copying output '" + graph_.value(graph_.outputs[output]).name + "'");
     }
-    std::vector<int> flags(graph_.nodes.size());
-    if (!flags.empty())
-      NPUSIM_CUDA_CHECK(
-          cudaMemcpyAsync(flags.data(), flags_.data(), flags.size() * sizeof(int), cudaMemcpyDeviceToHost, stream_),
-          graph_.source + ": reading the error flags");
+    NPUSIM_CUDA_CHECK(
+        cudaMemcpyAsync(flag_staging_.data(), flags_.data(), flags_.size(), cudaMemcpyDeviceToHost, stream_),
+        graph_.source + ": reading the error flags");
     NPUSIM_CUDA_CHECK(cudaStreamSynchronize(stream_), graph_.source + ": running the program");
-    check_error_flags(flags);
-    for (const auto& [id, bytes] : staged)
-      outputs.emplace_back(graph_.value(id).name,
-                           cpu::storage_to_tensor(bytes.data(), elem_of(id), graph_.value(id).meta.shape));
+    check_error_flags(reinterpret_cast<const int*>(flag_staging_.data()));
+    NamedTensors outputs;
+    for (size_t output = 0; output < graph_.outputs.size(); ++output) {
+      const ValueId id = graph_.outputs[output];
+      if (state_of_output(id)) continue;
+      outputs.emplace_back(graph_.value(id).name, cpu::storage_to_tensor(output_staging_[output].data(), elem_of(id),
+                                                                         graph_.value(id).meta.shape));
+    }
     return outputs;
   }
 
@@ -943,6 +976,9 @@ class CudaPreparedProgram final : public PreparedProgram {
   DeviceBuffer weight_memory_;
   DeviceBuffer arena_;
   DeviceBuffer flags_;
+  std::vector<PinnedBuffer> input_staging_;   // by index in graph_.inputs; empty for state
+  std::vector<PinnedBuffer> output_staging_;  // by index in graph_.outputs; empty for state
+  PinnedBuffer flag_staging_;
   std::vector<StateSlot> state_;
   size_t state_bytes_ = 0;
   std::vector<Elem> elems_;                   // by ValueId: how each value is stored
@@ -993,6 +1029,12 @@ bool replays_graph(const PreparedProgram& program) {
 std::string graph_capture_failure(const PreparedProgram& program) {
   const auto* cuda = dynamic_cast<const CudaPreparedProgram*>(&program);
   return cuda ? cuda->capture_failure() : std::string();
+}
+
+double graph_replay_milliseconds(PreparedProgram& program, int replays) {
+  auto* cuda = dynamic_cast<CudaPreparedProgram*>(&program);
+  if (!cuda) fail("graph replay timing: the program is not prepared on the CUDA backend");
+  return cuda->time_replays(replays);
 }
 
 size_t captured_graph_nodes(const PreparedProgram& program) {

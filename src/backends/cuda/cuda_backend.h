@@ -41,6 +41,9 @@ class CudaBackend : public Backend {
 bool replays_graph(const PreparedProgram& program);
 // The nodes (kernels, copies, memsets) of its captured CUDA graph: what one replay launches; 0 before capture.
 size_t captured_graph_nodes(const PreparedProgram& program);
+// The device time of one replay of its captured graph (inputs as the last run left them, no copies in or out, no
+// host synchronization between replays), in milliseconds over `replays` back-to-back replays; fails before capture.
+double graph_replay_milliseconds(PreparedProgram& program, int replays);
 // Why its run could not be captured into a CUDA graph (it then runs launch by launch); empty when it was or has not
 // been tried.
 std::string graph_capture_failure(const PreparedProgram& program);

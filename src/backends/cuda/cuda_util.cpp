@@ -98,6 +98,30 @@ uint32_t address_alignment(const void* pointer, int64_t stride_bytes) {
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
+PinnedBuffer::PinnedBuffer(size_t bytes, const std::string& what) : size_(bytes) {
+  if (bytes == 0) return;
+  void* pointer = nullptr;
+  NPUSIM_CUDA_CHECK(cudaHostAlloc(&pointer, bytes, cudaHostAllocDefault),
+                    "allocating " + std::to_string(bytes) + " bytes of page-locked host memory for " + what);
+  data_ = static_cast<std::byte*>(pointer);
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_) cudaFreeHost(data_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_) cudaFreeHost(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes, const std::string& what) : size_(bytes) {
   if (bytes == 0) return;
   void* pointer = nullptr;

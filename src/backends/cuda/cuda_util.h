@@ -50,6 +50,25 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
+// Page-locked host memory (cudaHostAlloc), freed with the object: copies between it and the device run as DMA.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(size_t bytes, const std::string& what);
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+
+  std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 // Device memory that the launches of one program share (they run one after another on its stream), e.g. im2col's
 // columns: grown at prepare time to the largest request, never while the program runs. Launches read data() when
 // they run, since a later request may move it.
