@@ -525,44 +525,31 @@ __device__ __forceinline__ float dot_vector(uint4 a, uint4 b) {
   return sum;
 }
 
-// The activation vector `at`, normalized as the fused RMSNorm writes it: x * inv_rms * weight, rounded to T.
+// Σ x·g·w over one vector (x scaled by the fused RMSNorm's weight g, in fp32), adding Σ x² to `squares`.
 template <typename T>
-__device__ __forceinline__ uint4 activation_vector(const uint4* x, const uint4* norm_weight, float inv_rms,
-                                                   int64_t at) {
-  uint4 v = __ldg(x + at);
-  if (!norm_weight) return v;
+__device__ __forceinline__ float dot_scaled(uint4 x_vector, uint4 g_vector, uint4 w_vector, float& squares) {
   constexpr int kPerVector = 16 / sizeof(T);
-  const uint4 g = __ldg(norm_weight + at);
-  T* values = reinterpret_cast<T*>(&v);
-  const T* scales = reinterpret_cast<const T*>(&g);
+  const T* x = reinterpret_cast<const T*>(&x_vector);
+  const T* g = reinterpret_cast<const T*>(&g_vector);
+  const T* w = reinterpret_cast<const T*>(&w_vector);
+  float sum = 0.0f;
 #pragma unroll
-  for (int e = 0; e < kPerVector; ++e) values[e] = from_float<T>(to_float(values[e]) * inv_rms * to_float(scales[e]));
-  return v;
-}
-
-// 1 / sqrt(mean(x^2) + eps) over the k elements of x, computed by the whole block (as rms_norm_kernel does).
-template <typename T>
-__device__ float block_inverse_rms(const uint4* x, int64_t vectors, int64_t k, double eps) {
-  __shared__ float reduce[32];
-  constexpr int kPerVector = 16 / sizeof(T);
-  float squares = 0.0f;
-  for (int64_t at = threadIdx.x; at < vectors; at += blockDim.x) {
-    const uint4 v = __ldg(x + at);
-    const T* values = reinterpret_cast<const T*>(&v);
-#pragma unroll
-    for (int e = 0; e < kPerVector; ++e) squares += to_float(values[e]) * to_float(values[e]);
+  for (int e = 0; e < kPerVector; ++e) {
+    const float value = to_float(x[e]);
+    squares += value * value;
+    sum += value * to_float(g[e]) * to_float(w[e]);
   }
-  const float total = block_sum(squares, reduce);
-  return static_cast<float>(1.0 / sqrt(static_cast<double>(total) / static_cast<double>(k) + eps));
+  return sum;
 }
 
 // `parts` warps share a task (each a slice of its vectors), so that short outputs still fill the GPU; a task is one
 // row of one segment, or a gate row and its up row (R = 2, loaded together). The first weights are loaded before
 // waiting for the kernel that writes the activations (programmatic dependent launch), and U vectors of each row
-// are in flight per lane.
+// are in flight per lane. A fused RMSNorm folds into the sums: the warps of a task read all of x between them, so
+// they add up x² along with w·(x·g) and scale by 1 / sqrt(mean(x²) + eps) at the end, in one pass.
 template <typename T, int R, int U>
 __global__ void __launch_bounds__(kGemvThreads) gemv_batch_kernel(GemvBatch batch, int64_t k, int parts, const T* x) {
-  __shared__ float partial[R][kGemvWarps];
+  __shared__ float partial[R + 1][kGemvWarps];
   allow_dependent_launch();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % parts;
   const int64_t tasks = batch.first[batch.count];
@@ -592,16 +579,24 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_batch_kernel(GemvBatch batc
   wait_for_producer();
   const uint4* xv = reinterpret_cast<const uint4*>(x);
   const auto* norm_weight = static_cast<const uint4*>(batch.norm.weight);
-  const float inv_rms = batch.norm.enabled ? block_inverse_rms<T>(xv, vectors, k, batch.norm.eps) : 1.0f;
+  const bool norm = batch.norm.enabled;
   float acc[R] = {};
+  float squares = 0.0f;
   while (true) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t at = base + 32 * int64_t{parts} * u;
       if (!active || at >= vectors) break;
-      const uint4 input = batch.norm.enabled ? activation_vector<T>(xv, norm_weight, inv_rms, at) : __ldg(xv + at);
+      const uint4 input = __ldg(xv + at);
+      if (norm) {
+        const uint4 scale = __ldg(norm_weight + at);
+        float ignored = 0.0f;
 #pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] += dot_vector<T>(input, weights[r][u]);
+        for (int r = 0; r < R; ++r) acc[r] += dot_scaled<T>(input, scale, weights[r][u], r == 0 ? squares : ignored);
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += dot_vector<T>(input, weights[r][u]);
+      }
     }
     base += stride;
     if (!active || base >= vectors) break;
@@ -610,17 +605,29 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_batch_kernel(GemvBatch batc
 #pragma unroll
   for (int r = 0; r < R; ++r)
     for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+  if (norm)
+    for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
   if (parts > 1) {
-    if (lane == 0)
+    if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) partial[r][warp] = acc[r];
+      partial[R][warp] = squares;
+    }
     __syncthreads();
     if (part == 0)
+      for (int p = 1; p < parts; ++p) {
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-        for (int p = 1; p < parts; ++p) acc[r] += partial[r][warp + p];
+        for (int r = 0; r < R; ++r) acc[r] += partial[r][warp + p];
+        squares += partial[R][warp + p];
+      }
   }
   if (!active || part != 0 || lane != 0) return;
+  if (norm) {
+    const auto inv_rms =
+        static_cast<float>(1.0 / sqrt(static_cast<double>(squares) / static_cast<double>(k) + batch.norm.eps));
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] *= inv_rms;
+  }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const Operand bias = batch.segments[segment + r].bias;
