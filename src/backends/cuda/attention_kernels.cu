@@ -213,11 +213,12 @@ __global__ void attention_combine_kernel(AttentionParams p, int64_t splits, cons
 
 constexpr int kTiledThreads = 256;
 constexpr int kTiledWarps = kTiledThreads / 32;
-// Query heads per block in decode. The kernel can share each cache row between the query heads of a key/value head;
-// on the H100 (Qwen2.5-1.5B shape, 6 query heads per key/value head) 2 heads per block made context 128 2% slower and
-// context 8192 11% faster, 4 and 6 heads made context 128 4-20% slower (a block's serial work grows with its
-// heads): one head keeps the short contexts most steps run at fastest.
-constexpr int kDecodeHeadsPerBlock = 1;
+// Query heads per block in decode. The kernel shares each cache row between the query heads of a key/value head;
+// on the H100 (Qwen2.5-1.5B shape, 6 query heads per key/value head, whole decode steps) 2 heads per block took 11%
+// off the step at context 8192 (2.09 against 2.35 ms) for 1-2% more at context 128, 4 and 6 heads made context 128
+// 4-20% slower (a block's serial work grows with its heads), and 64 runs per head instead of 32 were slower with
+// either.
+constexpr int kDecodeHeadsPerBlock = 2;
 // Query positions of one head per block when there are several (prefill): they share every key and value tile.
 constexpr int kPrefillRowsPerBlock = 4;
 constexpr int kTileMaxKeys = 64;           // keys per tile (the softmax takes two per lane)
