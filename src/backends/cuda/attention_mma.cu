@@ -379,27 +379,13 @@ cudaError_t launch_typed(cudaStream_t stream, const AttentionParams& p, void* ou
                           static_cast<const T*>(k), static_cast<const T*>(v), out, out_elem);
 }
 
-template <typename T>
+// The kernel for the head width: Steps, or the next width up to 8 steps (128 features).
+template <typename T, int Steps = 1>
 cudaError_t launch_for_width(cudaStream_t stream, const AttentionParams& p, void* out, int out_elem, Operand q,
                              const void* k, const void* v) {
-  switch (p.embed / 16) {
-    case 1:
-      return launch_typed<T, 1>(stream, p, out, out_elem, q, k, v);
-    case 2:
-      return launch_typed<T, 2>(stream, p, out, out_elem, q, k, v);
-    case 3:
-      return launch_typed<T, 3>(stream, p, out, out_elem, q, k, v);
-    case 4:
-      return launch_typed<T, 4>(stream, p, out, out_elem, q, k, v);
-    case 5:
-      return launch_typed<T, 5>(stream, p, out, out_elem, q, k, v);
-    case 6:
-      return launch_typed<T, 6>(stream, p, out, out_elem, q, k, v);
-    case 7:
-      return launch_typed<T, 7>(stream, p, out, out_elem, q, k, v);
-    default:
-      return launch_typed<T, 8>(stream, p, out, out_elem, q, k, v);
-  }
+  if constexpr (Steps < kMaxEmbed / 16)
+    if (p.embed / 16 != Steps) return launch_for_width<T, Steps + 1>(stream, p, out, out_elem, q, k, v);
+  return launch_typed<T, Steps>(stream, p, out, out_elem, q, k, v);
 }
 
 }  // namespace

@@ -575,7 +575,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     }
     if (ropes.empty() || writes.empty()) return std::nullopt;
     RopeCacheBatch batch;
-    std::vector<bool> rope_into_cache(ropes.size(), false);
+    std::vector<bool> rotated_into_cache(ropes.size(), false);
     for (const size_t w : writes) {
       const Node& write = graph_.nodes[w];
       const std::optional<RopeCacheJob> job = cache_write_job(context_of(w));
@@ -591,24 +591,16 @@ class CudaPreparedProgram final : public PreparedProgram {
         continue;
       }
       if (sole_consumer(write.inputs[2]) != w) return std::nullopt;  // the rope's output is read elsewhere too
-      std::optional<RopeCacheJob> rotated = rope_job(context_of(*rope));
+      const std::optional<RopeCacheJob> rotated = rope_job(context_of(*rope));
       if (!rotated) return std::nullopt;
-      rotated->kind = RopeCacheKind::RopeToCache;
-      rotated->out = job->out;
-      rotated->out_elem = job->out_elem;
-      rotated->dim_size = job->dim_size;
-      rotated->inner = job->inner;
-      rotated->index_count = job->index_count;
-      rotated->index = job->index;
-      rotated->error = job->error;
-      batch.jobs[batch.count++] = *rotated;
-      rope_into_cache[static_cast<size_t>(rope - ropes.begin())] = true;
+      batch.jobs[batch.count++] = rope_into_cache(*rotated, *job);
+      rotated_into_cache[static_cast<size_t>(rope - ropes.begin())] = true;
     }
     for (size_t r = 0; r < ropes.size(); ++r) {
       const Node& rope = graph_.nodes[ropes[r]];
       for (ValueId id : rope.inputs)
         if (!ready_before(id, n)) return std::nullopt;
-      if (rope_into_cache[r]) continue;
+      if (rotated_into_cache[r]) continue;
       for (size_t reader : consumers_[static_cast<size_t>(rope.outputs[0])])
         if (reader <= writes.back()) return std::nullopt;  // read inside the group, before the launch ends
       const std::optional<RopeCacheJob> job = rope_job(context_of(ropes[r]));
@@ -665,16 +657,8 @@ class CudaPreparedProgram final : public PreparedProgram {
       label = "transpose+rope";
       if (const auto write = cache_write_reading(reader.outputs[0], r);
           write && !fused_away[*write] && !fused[*write]) {
-        const std::optional<RopeCacheJob> slot = cache_write_job(context_of(*write));
-        if (slot) {
-          job->kind = RopeCacheKind::RopeToCache;
-          job->out = slot->out;
-          job->out_elem = slot->out_elem;
-          job->dim_size = slot->dim_size;
-          job->inner = slot->inner;
-          job->index_count = slot->index_count;
-          job->index = slot->index;
-          job->error = slot->error;
+        if (const std::optional<RopeCacheJob> slot = cache_write_job(context_of(*write))) {
+          job = rope_into_cache(*job, *slot);
           fused_away[*write] = true;
           label = "transpose+rope+index_copy";
         }

@@ -1091,6 +1091,18 @@ std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx) {
   return index_copy_geometry(ctx);
 }
 
+RopeCacheJob rope_into_cache(RopeCacheJob rope, const RopeCacheJob& slot) {
+  rope.kind = RopeCacheKind::RopeToCache;
+  rope.out = slot.out;
+  rope.out_elem = slot.out_elem;
+  rope.dim_size = slot.dim_size;
+  rope.inner = slot.inner;
+  rope.index_count = slot.index_count;
+  rope.index = slot.index;
+  rope.error = slot.error;
+  return rope;
+}
+
 std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx, const DeviceValue& source,
                                             const std::vector<int64_t>& source_strides) {
   std::optional<RopeCacheJob> job = cache_write_job(ctx);

@@ -57,6 +57,8 @@ std::optional<RopeCacheJob> rope_job(const OpContext& ctx);
 std::optional<RopeCacheJob> rope_job(const OpContext& ctx, const DeviceValue& x, const std::vector<int64_t>& x_strides);
 // An index_copy that updates its first input in place (a KV cache) as one job of that launch, or nothing.
 std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx);
+// A rope job writing straight into the cache slots of a cache write job (`slot`) instead of its own output.
+RopeCacheJob rope_into_cache(RopeCacheJob rope, const RopeCacheJob& slot);
 // The same copying from `source` through `source_strides` (per dim of the node's source, in elements).
 std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx, const DeviceValue& source,
                                             const std::vector<int64_t>& source_strides);
