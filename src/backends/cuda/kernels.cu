@@ -553,96 +553,91 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_batch_kernel(GemvBatch batc
   allow_dependent_launch();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % parts;
   const int64_t tasks = batch.first[batch.count];
-  const int64_t groups = (tasks + kGemvWarps / parts - 1) / (kGemvWarps / parts);
-  // Blocks take groups of tasks grid-stride: a grid the GPU holds at once has no partial last wave.
-  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
-    const int64_t task = group * (kGemvWarps / parts) + warp / parts;
-    const bool active = task < tasks;
-    int segment = 0;
-    while (segment + 1 < batch.count && task >= batch.first[segment + 1]) ++segment;
-    const int64_t row = active ? task - batch.first[segment] : 0;
-    const int64_t vectors = k / (16 / sizeof(T));
-    const uint4* rows[R];
+  const int64_t task = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / parts) + warp / parts;
+  const bool active = task < tasks;
+  int segment = 0;
+  while (segment + 1 < batch.count && task >= batch.first[segment + 1]) ++segment;
+  const int64_t row = active ? task - batch.first[segment] : 0;
+  const int64_t vectors = k / (16 / sizeof(T));
+  const uint4* rows[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      rows[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(batch.segments[segment + r].w) + row * k);
-    const int64_t stride = 32 * int64_t{parts} * U;
-    int64_t base = part * 32 + lane;
-    uint4 weights[R][U];
-    auto load_weights = [&]() {
+  for (int r = 0; r < R; ++r)
+    rows[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(batch.segments[segment + r].w) + row * k);
+  const int64_t stride = 32 * int64_t{parts} * U;
+  int64_t base = part * 32 + lane;
+  uint4 weights[R][U];
+  auto load_weights = [&]() {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t at = base + 32 * int64_t{parts} * u;
+    for (int u = 0; u < U; ++u) {
+      const int64_t at = base + 32 * int64_t{parts} * u;
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          weights[r][u] = active && at < vectors ? __ldcs(rows[r] + at) : make_uint4(0, 0, 0, 0);
+      for (int r = 0; r < R; ++r)
+        weights[r][u] = active && at < vectors ? __ldcs(rows[r] + at) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load_weights();  // weights are constants: safe before the producer of x has finished
+  wait_for_producer();
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const auto* norm_weight = static_cast<const uint4*>(batch.norm.weight);
+  const bool norm = batch.norm.enabled;
+  float acc[R] = {};
+  float squares = 0.0f;
+  while (true) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t at = base + 32 * int64_t{parts} * u;
+      if (!active || at >= vectors) break;
+      const uint4 input = __ldg(xv + at);
+      if (norm) {
+        const uint4 scale = __ldg(norm_weight + at);
+        float ignored = 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += dot_scaled<T>(input, scale, weights[r][u], r == 0 ? squares : ignored);
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += dot_vector<T>(input, weights[r][u]);
       }
-    };
-    load_weights();  // weights are constants: safe before the producer of x has finished (first group)
-    wait_for_producer();
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    const auto* norm_weight = static_cast<const uint4*>(batch.norm.weight);
-    const bool norm = batch.norm.enabled;
-    float acc[R] = {};
-    float squares = 0.0f;
-    while (true) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t at = base + 32 * int64_t{parts} * u;
-        if (!active || at >= vectors) break;
-        const uint4 input = __ldg(xv + at);
-        if (norm) {
-          const uint4 scale = __ldg(norm_weight + at);
-          float ignored = 0.0f;
-#pragma unroll
-          for (int r = 0; r < R; ++r) acc[r] += dot_scaled<T>(input, scale, weights[r][u], r == 0 ? squares : ignored);
-        } else {
-#pragma unroll
-          for (int r = 0; r < R; ++r) acc[r] += dot_vector<T>(input, weights[r][u]);
-        }
-      }
-      base += stride;
-      if (!active || base >= vectors) break;
-      load_weights();
     }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
-    if (norm)
-      for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
-    if (parts > 1) {
-      if (lane == 0) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) partial[r][warp] = acc[r];
-        partial[R][warp] = squares;
-      }
-      __syncthreads();
-      if (part == 0)
-        for (int p = 1; p < parts; ++p) {
-#pragma unroll
-          for (int r = 0; r < R; ++r) acc[r] += partial[r][warp + p];
-          squares += partial[R][warp + p];
-        }
-      __syncthreads();  // `partial` is free for the next group
-    }
-    if (!active || part != 0 || lane != 0) continue;
-    if (norm) {
-      const auto inv_rms =
-          static_cast<float>(1.0 / sqrt(static_cast<double>(squares) / static_cast<double>(k) + batch.norm.eps));
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] *= inv_rms;
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const Operand bias = batch.segments[segment + r].bias;
-      if (bias.data) acc[r] += load_f(bias.data, bias.elem, row);
-    }
-    const GemvSegment& out = batch.segments[segment];
-    float result = acc[0];
-    if constexpr (R == 2) result = acc[0] / (1.0f + __expf(-acc[0])) * acc[1];
-    if (out.residual.data) result += load_f(out.residual.data, out.residual.elem, row);
-    static_cast<T*>(out.y)[row] = from_float<T>(result);
+    base += stride;
+    if (!active || base >= vectors) break;
+    load_weights();
   }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    for (int offset = 16; offset > 0; offset /= 2) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
+  if (norm)
+    for (int offset = 16; offset > 0; offset /= 2) squares += __shfl_xor_sync(0xffffffffu, squares, offset);
+  if (parts > 1) {
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) partial[r][warp] = acc[r];
+      partial[R][warp] = squares;
+    }
+    __syncthreads();
+    if (part == 0)
+      for (int p = 1; p < parts; ++p) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += partial[r][warp + p];
+        squares += partial[R][warp + p];
+      }
+  }
+  if (!active || part != 0 || lane != 0) return;
+  if (norm) {
+    const auto inv_rms =
+        static_cast<float>(1.0 / sqrt(static_cast<double>(squares) / static_cast<double>(k) + batch.norm.eps));
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] *= inv_rms;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const Operand bias = batch.segments[segment + r].bias;
+    if (bias.data) acc[r] += load_f(bias.data, bias.elem, row);
+  }
+  const GemvSegment& out = batch.segments[segment];
+  float result = acc[0];
+  if constexpr (R == 2) result = acc[0] / (1.0f + __expf(-acc[0])) * acc[1];
+  if (out.residual.data) result += load_f(out.residual.data, out.residual.elem, row);
+  static_cast<T*>(out.y)[row] = from_float<T>(result);
 }
 
 }  // namespace
@@ -787,34 +782,15 @@ bool gemv_supports(int64_t k, int elem) { return k > 0 && elem <= kBF16 && (k * 
 
 namespace {
 
-// The blocks of `kernel` the GPU holds at once (every multiprocessor full), or 0 when that cannot be read.
-template <typename Kernel>
-int64_t resident_blocks(Kernel kernel) {
-  int device = 0, processors = 0, per_processor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&processors, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_processor, kernel, kGemvThreads, 0) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return static_cast<int64_t>(processors) * per_processor;
-}
-
-template <typename T, int R, int U>
-cudaError_t launch_gemv_grid(cudaStream_t stream, int64_t k, int parts, const T* x, const GemvBatch& batch) {
-  const int64_t tasks = batch.first[batch.count];
-  const int64_t groups = (tasks + kGemvWarps / parts - 1) / (kGemvWarps / parts);
-  static const int64_t resident = resident_blocks(gemv_batch_kernel<T, R, U>);  // 0: one block per group
-  const auto blocks = static_cast<unsigned>(resident > 0 ? std::min(groups, resident) : groups);
-  return launch_dependent(gemv_batch_kernel<T, R, U>, dim3(blocks), kGemvThreads, 0, stream, batch, k, parts, x);
-}
-
 template <typename T, int R>
 cudaError_t launch_gemv_typed(cudaStream_t stream, int64_t k, int parts, const void* x, const GemvBatch& batch) {
+  const int64_t tasks = batch.first[batch.count];
+  const auto blocks = static_cast<unsigned>((tasks + kGemvWarps / parts - 1) / (kGemvWarps / parts));
   const T* input = static_cast<const T*>(x);
   // Two vectors of each row in flight per lane, four for a lone row of a whole-warp task (measured on an H100).
-  if (R == 1 && parts == 1) return launch_gemv_grid<T, R, 4>(stream, k, parts, input, batch);
-  return launch_gemv_grid<T, R, 2>(stream, k, parts, input, batch);
+  if (R == 1 && parts == 1)
+    return launch_dependent(gemv_batch_kernel<T, R, 4>, dim3(blocks), kGemvThreads, 0, stream, batch, k, parts, input);
+  return launch_dependent(gemv_batch_kernel<T, R, 2>, dim3(blocks), kGemvThreads, 0, stream, batch, k, parts, input);
 }
 
 template <int R>
