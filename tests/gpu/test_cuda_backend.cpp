@@ -133,6 +133,7 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("linear", {f({3, 257}), w({129, 257}), w({129})}, {}, "odd"));
   cases.push_back(make("linear", {f({1, 64}), w({37, 64}), w({37})}, {}, "gemv"));
   cases.push_back(make("linear", {f({1, 1, 2048}), w({300, 2048})}, {}, "gemv split rows"));
+  cases.push_back(make("linear", {f({1, 72}), w({40000, 72}), w({40000})}, {}, "gemv many rows"));
   cases.push_back(
       make("conv2d", {f({1, 3, 9, 9}), w({4, 3, 3, 3}), w({4})}, attrs({{"stride", L({2})}, {"padding", L({1})}})));
   cases.push_back(make("conv2d", {f({2, 4, 7, 8}), w({6, 2, 3, 2})},
