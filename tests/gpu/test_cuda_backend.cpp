@@ -473,6 +473,20 @@ TEST(CudaConv, ConvolutionsForcedThroughLtMatchTheReference) {
 
 // ResNet-18 with every convolution on cuDNN, against the CPU backend (fp32 to 1e-4 with the top 5 in order, fp16 by
 // correlation and the top class).
+// ResNet logits on the CUDA backend against the CPU backend's. Random weights leave classes close together: the
+// top-5 order is checked at full precision, and against PyTorch's well-separated classes in
+// ResNetAgainstPyTorchOnCuda.
+void expect_resnet_logits_match(const Tensor& actual, const Tensor& expected, DType storage) {
+  const Comparison c = compare_tensors(actual, expected, 5);
+  if (storage == DType::Float32) {
+    EXPECT_LE(c.max_abs_diff, 1e-4 * std::max(1.0, c.max_abs_reference)) << c.summary();
+    EXPECT_TRUE(c.all_topk_match()) << c.summary();
+  } else {
+    EXPECT_GT(c.pearson, 0.999) << c.summary();
+  }
+  EXPECT_TRUE(c.all_argmax_match()) << c.summary();
+}
+
 TEST(CudaConv, ResNet18OnCudnnMatchesTheCpuBackend) {
   if (!cuda::cudnn_available()) GTEST_SKIP() << "libcudnn.so.9 is not loadable here";
   const Graph graph = read_torch_ir(kFixtures + "/ir/resnet18_ir.json");
@@ -497,14 +511,7 @@ TEST(CudaConv, ResNet18OnCudnnMatchesTheCpuBackend) {
     EXPECT_GE(convolutions, 20u);
     EXPECT_TRUE(prepared->fallback_nodes().empty());
     for (int run = 0; run < 2; ++run) {
-      const Comparison c = compare_tensors(prepared->run(inputs)[0].second, expected, 5);
-      if (storage == DType::Float32) {
-        EXPECT_LE(c.max_abs_diff, 1e-4 * std::max(1.0, c.max_abs_reference)) << c.summary();
-        EXPECT_TRUE(c.all_topk_match()) << c.summary();
-      } else {
-        EXPECT_GT(c.pearson, 0.999) << c.summary();
-      }
-      EXPECT_TRUE(c.all_argmax_match()) << c.summary();
+      expect_resnet_logits_match(prepared->run(inputs)[0].second, expected, storage);
     }
     EXPECT_TRUE(cuda::replays_graph(*prepared)) << cuda::graph_capture_failure(*prepared);
   }
@@ -832,17 +839,7 @@ TEST_P(ResNetOnCuda, MatchesTheCpuBackend) {
   const auto prepared = cuda::CudaBackend().prepare(program, compiled_weights(program.graph, weights));
   EXPECT_TRUE(prepared->fallback_nodes().empty());
   for (int run = 0; run < 3; ++run) {
-    const Tensor actual = prepared->run(inputs)[0].second;
-    const Comparison c = compare_tensors(actual, expected, 5);
-    // Random weights leave classes close together: the top-5 order is checked at full precision, and against
-    // PyTorch's well-separated classes in ResNetAgainstPyTorchOnCuda.
-    if (storage == DType::Float32) {
-      EXPECT_LE(c.max_abs_diff, 1e-4 * std::max(1.0, c.max_abs_reference)) << c.summary();
-      EXPECT_TRUE(c.all_topk_match()) << c.summary();
-    } else {
-      EXPECT_GT(c.pearson, 0.999) << c.summary();
-    }
-    EXPECT_TRUE(c.all_argmax_match()) << c.summary();
+    expect_resnet_logits_match(prepared->run(inputs)[0].second, expected, storage);
   }
   EXPECT_TRUE(cuda::replays_graph(*prepared)) << cuda::graph_capture_failure(*prepared);
 }

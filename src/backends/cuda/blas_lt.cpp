@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <map>
 #include <mutex>
 #include <vector>
 
@@ -78,13 +77,8 @@ struct Choice {
   double milliseconds = 0.0;
 };
 
-std::mutex& cache_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
-std::map<std::string, Choice>& choice_cache() {
-  static std::map<std::string, Choice> cache;
+ChoiceCache<Choice>& choice_cache() {
+  static ChoiceCache<Choice> cache;
   return cache;
 }
 
@@ -306,16 +300,12 @@ std::shared_ptr<const GemmPlan> Blas::plan(const GemmSpec& spec, const GemmOpera
       std::to_string(align_b) + "/" + std::to_string(align_c) + "/" + std::to_string(align_d) + "/" +
       std::to_string(align_bias) + (tune ? " tuned" : " first");
 
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex());
-    const auto cached = choice_cache().find(key);
-    if (cached != choice_cache().end()) {
-      if (!cached->second.found) return nullptr;
-      d.algo = cached->second.algo;
-      d.workspace_bytes = cached->second.workspace_bytes;
-      plan->milliseconds_ = cached->second.milliseconds;
-      return plan;
-    }
+  if (const std::optional<Choice> cached = choice_cache().find(key)) {
+    if (!cached->found) return nullptr;
+    d.algo = cached->algo;
+    d.workspace_bytes = cached->workspace_bytes;
+    plan->milliseconds_ = cached->milliseconds;
+    return plan;
   }
 
   cublasLtMatmulPreference_t preference = nullptr;
@@ -387,10 +377,7 @@ std::shared_ptr<const GemmPlan> Blas::plan(const GemmSpec& spec, const GemmOpera
     std::fprintf(stderr, "npusim gemm: %s (%s): %s order, %zu candidates, first %.4f ms, chosen #%zu %.4f ms\n",
                  key.c_str(), where.c_str(), row_order ? "row" : "column", candidates.size(), first_ms, chosen_index,
                  choice.milliseconds);
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex());
-    choice_cache()[key] = choice;
-  }
+  choice_cache().store(key, choice);
   if (!choice.found) return nullptr;
   d.algo = choice.algo;
   d.workspace_bytes = choice.workspace_bytes;

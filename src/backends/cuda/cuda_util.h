@@ -4,7 +4,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "core/shared_library.h"
@@ -48,6 +51,26 @@ class DeviceBuffer {
  private:
   std::byte* data_ = nullptr;
   size_t size_ = 0;
+};
+
+// Tuning choices (algorithms timed at prepare) kept process-wide by problem key, safe to share between threads.
+template <typename Choice>
+class ChoiceCache {
+ public:
+  std::optional<Choice> find(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = choices_.find(key);
+    if (found == choices_.end()) return std::nullopt;
+    return found->second;
+  }
+  void store(const std::string& key, const Choice& choice) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    choices_[key] = choice;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, Choice> choices_;
 };
 
 // Page-locked host memory (cudaHostAlloc), freed with the object: copies between it and the device run as DMA.

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <map>
 #include <mutex>
 #include <vector>
 
@@ -157,13 +156,8 @@ struct Choice {
   double milliseconds = 0.0;
 };
 
-std::mutex& cache_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
-std::map<std::string, Choice>& choice_cache() {
-  static std::map<std::string, Choice> cache;
+ChoiceCache<Choice>& choice_cache() {
+  static ChoiceCache<Choice> cache;
   return cache;
 }
 
@@ -347,16 +341,12 @@ std::shared_ptr<const CudnnConvolution> Cudnn::plan(const CudnnConvRequest& requ
   }
 
   const std::string key = problem_key(request, fused);
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex());
-    const auto cached = choice_cache().find(key);
-    if (cached != choice_cache().end()) {
-      if (!cached->second.found) return nullptr;
-      plan->algorithm_ = cached->second.algo;
-      plan->workspace_bytes_ = cached->second.workspace_bytes;
-      plan->milliseconds_ = cached->second.milliseconds;
-      return plan;
-    }
+  if (const std::optional<Choice> cached = choice_cache().find(key)) {
+    if (!cached->found) return nullptr;
+    plan->algorithm_ = cached->algo;
+    plan->workspace_bytes_ = cached->workspace_bytes;
+    plan->milliseconds_ = cached->milliseconds;
+    return plan;
   }
 
   AlgoPerf results[kAlgoCount] = {};
@@ -401,10 +391,7 @@ std::shared_ptr<const CudnnConvolution> Cudnn::plan(const CudnnConvRequest& requ
   if (environment_is("NPUSIM_CUDA_CONV_LOG", "1"))
     std::fprintf(stderr, "npusim cudnn: %s (%s): %zu candidates, chosen algo %d %.4f ms\n", key.c_str(), where.c_str(),
                  candidates.size(), choice.found ? choice.algo : -1, choice.milliseconds);
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex());
-    choice_cache()[key] = choice;
-  }
+  choice_cache().store(key, choice);
   if (!choice.found) return nullptr;
   plan->algorithm_ = choice.algo;
   plan->workspace_bytes_ = choice.workspace_bytes;
