@@ -194,6 +194,23 @@ std::vector<Case> nn_cases() {
       attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "decode heads over two blocks"));
   cases.push_back(make("attention", {f({1, 6, 1, 32}), f({1, 2, 160, 32}), f({1, 2, 160, 32}), ints({1}, 20, 21)},
                        attrs({{"has_cache_position", B(true)}}), "decode one run"));
+  // The decode form on tensor cores (fp16/bf16 keys and values 64 or 128 wide, a block per key/value head with all
+  // its query heads): groups of 16 (both fragment halves), 8, 7, 3 and 1, partial tiles, more runs than a warp has
+  // lanes, a mask per head, batches; 256-wide rows take the CUDA-core form.
+  cases.push_back(make(
+      "attention", {f({2, 16, 1, 64}), f({2, 2, 700, 64}), f({2, 2, 700, 64}), f({2, 16, 1, 700}), ints({1}, 500, 501)},
+      attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "decode group of 8, mask per head"));
+  cases.push_back(make("attention", {f({1, 4, 1, 256}), f({1, 1, 260, 256}), f({1, 1, 260, 256})},
+                       attrs({{"scale", F(0.05)}}), "decode 256 wide"));
+  cases.push_back(make("attention",
+                       {f({1, 32, 1, 128}), f({1, 2, 1000, 128}), f({1, 2, 1000, 128}), f({1, 32, 1, 1000})},
+                       attrs({{"has_mask", B(true)}}), "decode group of 16"));
+  cases.push_back(
+      make("attention", {f({1, 7, 1, 128}), f({1, 1, 90, 128}), f({1, 1, 90, 128})}, {}, "decode group of 7"));
+  cases.push_back(make("attention", {f({2, 6, 1, 64}), f({2, 2, 129, 64}), f({2, 2, 129, 64}), bools({129})},
+                       attrs({{"has_mask", B(true)}}), "decode group of 3, bool mask"));
+  cases.push_back(
+      make("attention", {f({1, 2, 1, 128}), f({1, 2, 17000, 128}), f({1, 2, 17000, 128})}, {}, "decode 34 runs"));
   // Several query rows per head, in blocks of four positions (33 leaves a partial block).
   cases.push_back(make("attention", {f({2, 4, 33, 16}), f({2, 2, 33, 16}), f({2, 2, 33, 16})},
                        attrs({{"is_causal", B(true)}}), "causal rows in blocks"));

@@ -10,7 +10,10 @@
 #include <cstdlib>
 #include <limits>
 
+#include "backends/cuda/attention_decode.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_util.h"
+#include "backends/cuda/device_kernels.h"
 #include "compiler/compile.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/model_config.h"
@@ -263,6 +266,188 @@ TEST(CudaBench, QwenDecodeAndPrefill) {
         "alone %.3f ms, %zu on the host\n",
         median(times), kernels, prepared->fallback_nodes().size());
   }
+}
+
+// Decode's GEMVs at Qwen2.5-1.5B's shapes (bf16) under each launch shape: a CUDA graph of one launch per layer,
+// each layer its own weights (more than L2 holds), replayed; microseconds per launch and GB/s of weights.
+TEST(CudaBench, GemvShapes) {
+  if (!benchmarks_wanted()) GTEST_SKIP() << "set NPUSIM_CUDA_BENCH=1";
+  using cuda::GemvSegment;
+  struct Case {
+    const char* name;
+    int64_t k;
+    std::vector<int64_t> rows;  // one segment each; the gated form takes two equal ones
+    bool gated, norm;
+    int layers;
+  };
+  const std::vector<Case> cases{{"q/k/v + norm", 1536, {1536, 256, 256}, false, true, 28},
+                                {"o_proj", 1536, {1536}, false, false, 28},
+                                {"gate/up + norm", 1536, {8960, 8960}, true, true, 28},
+                                {"down_proj", 8960, {1536}, false, false, 28},
+                                {"lm_head + norm", 1536, {151936}, false, true, 3}};
+  cuda::ensure_device();
+  cudaStream_t stream = nullptr;
+  NPUSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "gemv bench");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  NPUSIM_CUDA_CHECK(cudaEventCreate(&start), "gemv bench");
+  NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), "gemv bench");
+  for (const Case& c : cases) {
+    int64_t rows = 0;
+    for (int64_t r : c.rows) rows += r;
+    const size_t weight_bytes = static_cast<size_t>(rows * c.k * 2);
+    std::vector<cuda::DeviceBuffer> weights;
+    for (int l = 0; l < c.layers; ++l) {
+      weights.emplace_back(weight_bytes, "gemv bench weights");
+      NPUSIM_CUDA_CHECK(cudaMemset(weights.back().data(), 0x3c, weight_bytes), "gemv bench");
+    }
+    cuda::DeviceBuffer x(static_cast<size_t>(c.k * 2), "x"), gain(static_cast<size_t>(c.k * 2), "gain"),
+        y(static_cast<size_t>(rows * 2), "y");
+    NPUSIM_CUDA_CHECK(cudaMemset(x.data(), 0x3c, x.size()), "gemv bench");
+    NPUSIM_CUDA_CHECK(cudaMemset(gain.data(), 0x3f, gain.size()), "gemv bench");
+    cuda::GemvNorm norm;
+    norm.enabled = c.norm;
+    norm.weight = gain.data();
+    norm.elem = cuda::kBF16;
+    norm.eps = 1e-6;
+    const int tasks_per_row = c.gated ? 2 : 1;
+    const cuda::GemvShape chosen = cuda::gemv_default_shape(rows / tasks_per_row, c.k, cuda::kBF16);
+    auto launch = [&](int layer, cuda::GemvShape shape) {
+      std::vector<GemvSegment> segments;
+      int64_t offset = 0;
+      for (int64_t r : c.rows) {
+        GemvSegment segment;
+        segment.w = weights[static_cast<size_t>(layer)].data() + offset * c.k * 2;
+        segment.y = y.data() + offset * 2;
+        segment.rows = r;
+        segments.push_back(segment);
+        offset += r;
+      }
+      if (c.gated)
+        return cuda::launch_gemv_gated(stream, c.k, cuda::kBF16, x.data(), segments[0], segments[1], norm, shape);
+      return cuda::launch_gemv_batch(stream, c.k, cuda::kBF16, x.data(), segments.data(),
+                                     static_cast<int>(segments.size()), norm, shape);
+    };
+    for (const int parts : {1, 2, 4})
+      for (const int unroll : {2, 4, 8}) {
+        const cuda::GemvShape shape{parts, unroll};
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        NPUSIM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "gemv bench");
+        for (int l = 0; l < c.layers; ++l) NPUSIM_CUDA_CHECK(launch(l, shape), c.name);
+        NPUSIM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), "gemv bench");
+        NPUSIM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), "gemv bench");
+        constexpr int kReplays = 20;
+        NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), "gemv bench");
+        NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream), "gemv bench");
+        for (int i = 0; i < kReplays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), "gemv bench");
+        NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream), "gemv bench");
+        NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), "gemv bench");
+        float ms = 0.0f;
+        NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "gemv bench");
+        NPUSIM_CUDA_CHECK(cudaGraphExecDestroy(exec), "gemv bench");
+        NPUSIM_CUDA_CHECK(cudaGraphDestroy(graph), "gemv bench");
+        const double us = 1000.0 * ms / (kReplays * c.layers);
+        const bool is_default = shape.parts == chosen.parts && shape.unroll == chosen.unroll;
+        std::printf("BENCH gemv %-15s parts %d unroll %d: %8.2f us %6.0f GB/s%s\n", c.name, parts, unroll, us,
+                    static_cast<double>(weight_bytes) / us / 1e3, is_default ? "  (default)" : "");
+      }
+  }
+  NPUSIM_CUDA_CHECK(cudaEventDestroy(start), "gemv bench");
+  NPUSIM_CUDA_CHECK(cudaEventDestroy(stop), "gemv bench");
+  NPUSIM_CUDA_CHECK(cudaStreamDestroy(stream), "gemv bench");
+}
+
+// Decode attention at Qwen2.5-1.5B's shape (12 query heads over 2 key/value heads of 128, bf16, a cache of 8192
+// positions) at several contexts: a CUDA graph of one launch per layer, each layer its own cache, replayed.
+TEST(CudaBench, DecodeAttention) {
+  if (!benchmarks_wanted()) GTEST_SKIP() << "set NPUSIM_CUDA_BENCH=1";
+  constexpr int kLayers = 28;
+  constexpr int64_t kCache = 8192, kQHeads = 12, kKvHeads = 2, kWidth = 128;
+  cuda::ensure_device();
+  cudaStream_t stream = nullptr;
+  NPUSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "attention bench");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  NPUSIM_CUDA_CHECK(cudaEventCreate(&start), "attention bench");
+  NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), "attention bench");
+  const size_t cache_bytes = static_cast<size_t>(kKvHeads * kCache * kWidth * 2);
+  std::vector<cuda::DeviceBuffer> keys, values;
+  for (int l = 0; l < kLayers; ++l) {
+    keys.emplace_back(cache_bytes, "keys");
+    values.emplace_back(cache_bytes, "values");
+    NPUSIM_CUDA_CHECK(cudaMemset(keys.back().data(), 0x3c, cache_bytes), "attention bench");
+    NPUSIM_CUDA_CHECK(cudaMemset(values.back().data(), 0x3c, cache_bytes), "attention bench");
+  }
+  cuda::DeviceBuffer query(static_cast<size_t>(kQHeads * kWidth * 2), "query"),
+      out(static_cast<size_t>(kQHeads * kWidth * 2), "out"), mask(static_cast<size_t>(kCache * 4), "mask"),
+      position(sizeof(int64_t), "position");
+  NPUSIM_CUDA_CHECK(cudaMemset(query.data(), 0x3c, query.size()), "attention bench");
+  for (const int64_t context : {int64_t{128}, int64_t{160}, int64_t{1024}, int64_t{8192}}) {
+    std::vector<float> mask_values(static_cast<size_t>(kCache), -std::numeric_limits<float>::infinity());
+    std::fill(mask_values.begin(), mask_values.begin() + context, 0.0f);
+    NPUSIM_CUDA_CHECK(cudaMemcpy(mask.data(), mask_values.data(), mask.size(), cudaMemcpyHostToDevice), "bench");
+    const int64_t last = context - 1;
+    NPUSIM_CUDA_CHECK(cudaMemcpy(position.data(), &last, sizeof(last), cudaMemcpyHostToDevice), "bench");
+    cuda::AttentionParams p{};
+    p.batch = 1;
+    p.q_heads = kQHeads;
+    p.k_heads = p.v_heads = kKvHeads;
+    p.length = 1;
+    p.source = kCache;
+    p.embed = p.value_embed = kWidth;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(kWidth));
+    p.mask = mask.data();
+    p.mask_elem = cuda::kF32;
+    p.mask_column_stride = 1;
+    p.cache_position = reinterpret_cast<const int64_t*>(position.data());
+    p.cache_position_count = 1;
+    // First what launch_attention picks, then the decode form's runs of at least / at most so many keys.
+    const std::vector<cuda::DecodeTuning> tunings{{0, 0}, {128, 32}, {128, 64}, {256, 32}, {256, 64}};
+    for (size_t which = 0; which < tunings.size(); ++which) {
+      const cuda::DecodeTuning tuning = tunings[which];
+      const int64_t floats =
+          which == 0 ? cuda::attention_scratch_floats(p) : cuda::decode_attention_scratch_floats(p, tuning);
+      cuda::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(floats, 1) * 4), "scratch");
+      NPUSIM_CUDA_CHECK(cudaMemset(scratch.data(), 0, scratch.size()), "attention bench");
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      NPUSIM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "attention bench");
+      for (int l = 0; l < kLayers; ++l) {
+        const cuda::Operand q{query.data(), cuda::kBF16};
+        const void* k = keys[static_cast<size_t>(l)].data();
+        const void* v = values[static_cast<size_t>(l)].data();
+        auto* partials = reinterpret_cast<float*>(scratch.data());
+        NPUSIM_CUDA_CHECK(which == 0 ? cuda::launch_attention(stream, p, out.data(), cuda::kBF16, q, {k, cuda::kBF16},
+                                                              {v, cuda::kBF16}, partials)
+                                     : cuda::launch_decode_attention(stream, p, cuda::kBF16, out.data(), cuda::kBF16, q,
+                                                                     k, v, partials, tuning),
+                          "launch_attention");
+      }
+      NPUSIM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), "attention bench");
+      NPUSIM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), "attention bench");
+      constexpr int kReplays = 20;
+      NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), "attention bench");
+      NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream), "attention bench");
+      for (int i = 0; i < kReplays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), "attention bench");
+      NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream), "attention bench");
+      NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), "attention bench");
+      float ms = 0.0f;
+      NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "attention bench");
+      NPUSIM_CUDA_CHECK(cudaGraphExecDestroy(exec), "attention bench");
+      NPUSIM_CUDA_CHECK(cudaGraphDestroy(graph), "attention bench");
+      const double us = 1000.0 * ms / (kReplays * kLayers);
+      const double bytes = 2.0 * static_cast<double>(kKvHeads * context * kWidth * 2);
+      std::printf("BENCH decode attention context %5lld, %s: %7.2f us per layer, cache read at %5.0f GB/s\n",
+                  static_cast<long long>(context),
+                  which == 0
+                      ? "default          "
+                      : ("runs >= " + std::to_string(tuning.min_run_keys) + ", <= " + std::to_string(tuning.max_splits))
+                            .c_str(),
+                  us, bytes / us / 1e3);
+    }
+  }
+  NPUSIM_CUDA_CHECK(cudaEventDestroy(start), "attention bench");
+  NPUSIM_CUDA_CHECK(cudaEventDestroy(stop), "attention bench");
+  NPUSIM_CUDA_CHECK(cudaStreamDestroy(stream), "attention bench");
 }
 
 // Time to first token as `npusim generate --target cuda` runs it: the native graph of a 128-token prompt against a

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "backends/cuda/attention_common.cuh"
+#include "backends/cuda/attention_decode.h"
 #include "backends/cuda/attention_mma.h"
 #include "backends/cuda/device_common.cuh"
 #include "backends/cuda/device_kernels.h"
@@ -590,6 +591,7 @@ cudaError_t launch_tiled(cudaStream_t stream, const AttentionParams& p, const Ti
 }  // namespace
 
 bool attention_supported(const AttentionParams& p, Operand k, Operand v) {
+  if (k.elem == v.elem && decode_attention_applies(p, k.elem, k.data, v.data)) return true;
   if (p.tensor_cores && k.elem == v.elem && mma_attention_applies(p, k.elem, k.data, v.data)) return true;
   const bool split_scratch = attention_scratch_floats(p) > 0;
   if (k.elem == v.elem && tiled_plan(p, k.elem, k.data, v.data, split_scratch)) return true;
@@ -597,10 +599,12 @@ bool attention_supported(const AttentionParams& p, Operand k, Operand v) {
 }
 
 int64_t attention_scratch_floats(const AttentionParams& p) {
-  if (p.length != 1 || p.source < 2 * kSplitKeys) return 0;
+  if (p.length != 1) return 0;
+  const int64_t decode = decode_attention_scratch_floats(p);
+  if (p.source < 2 * kSplitKeys) return decode;
   const int64_t splits = std::max((p.source + kSplitKeys - 1) / kSplitKeys, int64_t{kDecodeMaxSplits});
   const int64_t rows = p.batch * p.q_heads;
-  return rows * splits * (2 + p.value_embed) + rows;  // the partial sums, then a counter per head group
+  return std::max(decode, rows * splits * (2 + p.value_embed) + rows);  // the partial sums, then a counter per group
 }
 
 cudaError_t launch_attention(cudaStream_t stream, const AttentionParams& p, void* out, int out_elem, Operand q,
@@ -609,6 +613,9 @@ cudaError_t launch_attention(cudaStream_t stream, const AttentionParams& p, void
   if (rows <= 0) return cudaGetLastError();
   if (p.tensor_cores && k.elem == v.elem && mma_attention_applies(p, k.elem, k.data, v.data))
     return launch_mma_attention(stream, p, k.elem, out, out_elem, q, k.data, v.data);
+  if (k.elem == v.elem && decode_attention_applies(p, k.elem, k.data, v.data) &&
+      (scratch || decode_attention_scratch_floats(p) == 0))
+    return launch_decode_attention(stream, p, k.elem, out, out_elem, q, k.data, v.data, scratch);
   if (p.heads_inner_output) return cudaErrorInvalidValue;  // only the tensor-core form writes that layout
   const bool split_scratch = scratch && attention_scratch_floats(p) > 0;
   if (const auto plan = k.elem == v.elem ? tiled_plan(p, k.elem, k.data, v.data, split_scratch) : std::nullopt) {

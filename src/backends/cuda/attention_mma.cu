@@ -15,6 +15,7 @@
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_mma.h"
 #include "backends/cuda/device_common.cuh"
+#include "backends/cuda/mma_common.cuh"
 
 namespace npusim::cuda {
 
@@ -28,57 +29,12 @@ constexpr int kMaxEmbed = 128;
 // Shared-memory rows carry 8 extra elements, so that the 8 rows one matrix load reads start on different banks.
 constexpr int kRowPad = 8;
 
-template <typename T>
-__device__ __forceinline__ uint32_t pack_pair(float low, float high);
-template <>
-__device__ __forceinline__ uint32_t pack_pair<__half>(float low, float high) {
-  const __half2 pair = __floats2half2_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-template <>
-__device__ __forceinline__ uint32_t pack_pair<__nv_bfloat16>(float low, float high) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-// d[0..3] += a (16x16, row-major fragment) * b (16x8, column-major fragment).
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Four 8x8 matrices of 16-bit elements from shared memory, transposed: lane l names row l % 8 of matrix l / 8.
 __device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], const void* row) {
   const auto address = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(address));
-}
-
-template <typename T>
-__device__ __forceinline__ int element_code();
-template <>
-__device__ __forceinline__ int element_code<__half>() {
-  return kF16;
-}
-template <>
-__device__ __forceinline__ int element_code<__nv_bfloat16>() {
-  return kBF16;
 }
 
 // The mask's terms for this thread's scores of keys start.. of a tile (rows quad_row and quad_row + 8, keys

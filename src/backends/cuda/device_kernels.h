@@ -159,11 +159,18 @@ struct GemvNorm {
   int elem = kF32;
   double eps = 0.0;
 };
+// How a GEMV launch spreads its work: warps per task (1, 2 or 4) and 16-byte vectors of each row in flight per lane
+// (2, 4 or 8). {0, 0} takes gemv_default_shape; the benchmarks sweep the others.
+struct GemvShape {
+  int parts = 0, unroll = 0;
+};
+// The shape launches take for `tasks` outputs (a gate row with its up row is one) of length k.
+GemvShape gemv_default_shape(int64_t tasks, int64_t k, int elem);
 cudaError_t launch_gemv_batch(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment* segments,
-                              int count, const GemvNorm& norm);
+                              int count, const GemvNorm& norm, GemvShape shape = {});
 // The gated MLP's first half in one launch: y = silu(x · Wgᵀ + bg) * (x · Wuᵀ + bu), both weights [rows, k].
 cudaError_t launch_gemv_gated(cudaStream_t stream, int64_t k, int elem, const void* x, const GemvSegment& gate,
-                              const GemvSegment& up, const GemvNorm& norm);
+                              const GemvSegment& up, const GemvNorm& norm, GemvShape shape = {});
 // Whether launch_gemv takes rows of length k in this storage (rows of whole 16-byte vectors; x and w 16-byte
 // aligned).
 bool gemv_supports(int64_t k, int elem);
