@@ -20,7 +20,7 @@ struct DecodeTuning {
   int min_run_keys = 0, max_splits = 0;
 };
 int64_t decode_attention_scratch_floats(const AttentionParams& p, DecodeTuning tuning = {});
-// `scratch` holds decode_attention_scratch_floats(p, tuning) floats, zeroed before the first launch.
+// `scratch` holds decode_attention_scratch_floats(p, tuning) floats.
 cudaError_t launch_decode_attention(cudaStream_t stream, const AttentionParams& p, int elem, void* out, int out_elem,
                                     Operand q, const void* k, const void* v, float* scratch, DecodeTuning tuning = {});
 
