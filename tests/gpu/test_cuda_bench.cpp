@@ -400,6 +400,7 @@ TEST(CudaBench, DecodeAttention) {
     p.mask_column_stride = 1;
     p.cache_position = reinterpret_cast<const int64_t*>(position.data());
     p.cache_position_count = 1;
+    p.positions_ready = true;  // copied in before the graph runs, as a graph input is
     // First what launch_attention picks, then the decode form's runs of at least / at most so many keys.
     const std::vector<cuda::DecodeTuning> tunings{{0, 0}, {128, 32}, {128, 64}, {256, 32}, {256, 64}};
     for (size_t which = 0; which < tunings.size(); ++which) {

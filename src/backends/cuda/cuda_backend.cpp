@@ -550,11 +550,18 @@ class CudaPreparedProgram final : public PreparedProgram {
 
   OpContext context_of(size_t n) const {
     const Node& node = graph_.nodes[n];
-    OpContext ctx{node, {}, {}, reinterpret_cast<int*>(flags_.data()) + n, stream_, scratch_};
-    for (ValueId id : node.inputs) ctx.inputs.push_back(value_at(id));
+    OpContext ctx{node, {}, {}, {}, reinterpret_cast<int*>(flags_.data()) + n, stream_, scratch_};
+    for (ValueId id : node.inputs) {
+      ctx.inputs.push_back(value_at(id));
+      ctx.inputs_ready_at_start.push_back(ready_at_start(id));
+    }
     for (ValueId id : node.outputs) ctx.outputs.push_back(value_at(id));
     return ctx;
   }
+
+  // Whether `id` holds its values before the run's first kernel: produced by no node and not a state (states are
+  // updated in place during the run).
+  bool ready_at_start(ValueId id) const { return graph_.value(id).producer < 0 && !state_of_value(id); }
 
   // Whether `id` is ready before node `first` runs: not written by node `first` or any later one.
   bool ready_before(ValueId id, size_t first) const {

@@ -527,10 +527,12 @@ std::optional<AttentionParams> attention_params(const OpContext& ctx) {
     p.mask_column_stride = s[3];
   }
   if (a.get_bool("has_cache_position", false)) {
-    const DeviceValue& position = ctx.inputs[next++];
+    const size_t slot = next++;
+    const DeviceValue& position = ctx.inputs[slot];
     if (position.elem != Elem::I64) return std::nullopt;
     p.cache_position = reinterpret_cast<const int64_t*>(position.data);
     p.cache_position_count = position.numel();
+    p.positions_ready = slot < ctx.inputs_ready_at_start.size() && ctx.inputs_ready_at_start[slot];
   }
   if (next != ctx.inputs.size() || !attention_supported(p, operand(k), operand(v))) return std::nullopt;
   return p;

@@ -34,6 +34,8 @@ struct OpContext {
   const Node& node;
   std::vector<DeviceValue> inputs;
   std::vector<DeviceValue> outputs;
+  // By input: whether it holds its values before the run's first kernel (graph inputs other than state, weights).
+  std::vector<bool> inputs_ready_at_start;
   int* error_flag = nullptr;  // device int a kernel sets when an index is out of range
   // The program's stream, on which a factory may time work at prepare (never inside capture).
   cudaStream_t stream = nullptr;

@@ -193,6 +193,9 @@ struct AttentionParams {
   int64_t mask_batch_stride, mask_head_stride, mask_row_stride, mask_column_stride;
   const int64_t* cache_position;  // null: every position; else positions 0..max(cache_position)
   int64_t cache_position_count;
+  // cache_position holds its values before the run's first kernel (a graph input): kernels may read it before
+  // waiting for the kernel ahead of them.
+  bool positions_ready;
   bool tensor_cores;  // several query rows per head may take the tensor-core form (attention_mma.h)
   // The output as [batch, length, q_heads, value_embed] instead of [batch, q_heads, length, value_embed] (the
   // tensor-core form only).
