@@ -165,6 +165,14 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("rms_norm", {f({2, 7, 33}), w({33})}, attrs({{"normalized_shape", L({33})}, {"eps", F(1e-6)}})));
   cases.push_back(make("rms_norm", {f({7, 3, 5})}, attrs({{"normalized_shape", L({3, 5})}}), "no weight"));
   cases.push_back(make("embedding", {w({33, 9}), ints({2, 7}, 0, 33)}));
+  cases.push_back(make("rotary_embedding", {w({4}), ints({2, 7}, 0, 4096)}, attrs({{"attention_scaling", F(0.75)}})));
+  return cases;
+}
+
+// Attention in every kernel form: single block, split over the keys, tiled, decode on tensor cores, prefill on
+// tensor cores.
+std::vector<Case> attention_cases() {
+  std::vector<Case> cases;
   cases.push_back(make("attention", {f({1, 4, 7, 8}), f({1, 2, 9, 8}), f({1, 2, 9, 8}), f({1, 1, 7, 9})},
                        attrs({{"has_mask", B(true)}})));
   cases.push_back(make("attention", {f({1, 4, 1, 8}), f({1, 2, 9, 8}), f({1, 2, 9, 8}), ints({1}, 4, 5)},
@@ -235,7 +243,6 @@ std::vector<Case> nn_cases() {
                          zero ? "tensor cores masked rows zero" : "tensor cores masked rows NaN"));
   cases.push_back(
       make("attention", {f({1, 2, 0, 32}), f({1, 2, 5, 32}), f({1, 2, 5, 32})}, {}, "tensor cores no rows"));
-  cases.push_back(make("rotary_embedding", {w({4}), ints({2, 7}, 0, 4096)}, attrs({{"attention_scaling", F(0.75)}})));
   return cases;
 }
 
@@ -256,9 +263,12 @@ TEST(CudaConformance, ShapeOps) { run_on_gpu(shape_cases()); }
 
 TEST(CudaConformance, NnOps) { run_on_gpu(nn_cases()); }
 
+TEST(CudaConformance, Attention) { run_on_gpu(attention_cases()); }
+
 // Every op with a CUDA kernel appears in at least one case above.
 TEST(CudaConformance, EveryKernelHasACase) {
-  const std::set<std::string> covered = ops_with_a_kernel_case({elementwise_cases(), shape_cases(), nn_cases()});
+  const std::set<std::string> covered =
+      ops_with_a_kernel_case({elementwise_cases(), shape_cases(), nn_cases(), attention_cases()});
   for (const std::string& op : cuda::CudaBackend().capabilities().ops)
     EXPECT_TRUE(covered.count(op)) << op << " has no conformance case";
 }
