@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 
 #include "backends/cuda/attention_decode.h"
@@ -268,6 +269,34 @@ TEST(CudaBench, QwenDecodeAndPrefill) {
   }
 }
 
+// Microseconds per launch of `launch(0 .. layers - 1)` captured into one CUDA graph on `stream` and replayed 20 times
+// back to back (after one warm-up replay), timed with CUDA events.
+double replayed_microseconds(cudaStream_t stream, int layers, const std::function<cudaError_t(int)>& launch,
+                             const std::string& what) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  NPUSIM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), what);
+  for (int l = 0; l < layers; ++l) NPUSIM_CUDA_CHECK(launch(l), what);
+  NPUSIM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), what);
+  NPUSIM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), what);
+  NPUSIM_CUDA_CHECK(cudaEventCreate(&start), what);
+  NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), what);
+  constexpr int kReplays = 20;
+  NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), what);
+  NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream), what);
+  for (int i = 0; i < kReplays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), what);
+  NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream), what);
+  NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), what);
+  float ms = 0.0f;
+  NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), what);
+  NPUSIM_CUDA_CHECK(cudaEventDestroy(start), what);
+  NPUSIM_CUDA_CHECK(cudaEventDestroy(stop), what);
+  NPUSIM_CUDA_CHECK(cudaGraphExecDestroy(exec), what);
+  NPUSIM_CUDA_CHECK(cudaGraphDestroy(graph), what);
+  return 1000.0 * ms / (kReplays * layers);
+}
+
 // Decode's GEMVs at Qwen2.5-1.5B's shapes (bf16) under each launch shape: a CUDA graph of one launch per layer,
 // each layer its own weights (more than L2 holds), replayed; microseconds per launch and GB/s of weights.
 TEST(CudaBench, GemvShapes) {
@@ -288,9 +317,6 @@ TEST(CudaBench, GemvShapes) {
   cuda::ensure_device();
   cudaStream_t stream = nullptr;
   NPUSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "gemv bench");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  NPUSIM_CUDA_CHECK(cudaEventCreate(&start), "gemv bench");
-  NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), "gemv bench");
   for (const Case& c : cases) {
     int64_t rows = 0;
     for (int64_t r : c.rows) rows += r;
@@ -330,30 +356,13 @@ TEST(CudaBench, GemvShapes) {
     for (const int parts : {1, 2, 4})
       for (const int unroll : {2, 4, 8}) {
         const cuda::GemvShape shape{parts, unroll};
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
-        NPUSIM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "gemv bench");
-        for (int l = 0; l < c.layers; ++l) NPUSIM_CUDA_CHECK(launch(l, shape), c.name);
-        NPUSIM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), "gemv bench");
-        NPUSIM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), "gemv bench");
-        constexpr int kReplays = 20;
-        NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), "gemv bench");
-        NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream), "gemv bench");
-        for (int i = 0; i < kReplays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), "gemv bench");
-        NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream), "gemv bench");
-        NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), "gemv bench");
-        float ms = 0.0f;
-        NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "gemv bench");
-        NPUSIM_CUDA_CHECK(cudaGraphExecDestroy(exec), "gemv bench");
-        NPUSIM_CUDA_CHECK(cudaGraphDestroy(graph), "gemv bench");
-        const double us = 1000.0 * ms / (kReplays * c.layers);
+        const double us = replayed_microseconds(
+            stream, c.layers, [&](int layer) { return launch(layer, shape); }, c.name);
         const bool is_default = shape.parts == chosen.parts && shape.unroll == chosen.unroll;
         std::printf("BENCH gemv %-15s parts %d unroll %d: %8.2f us %6.0f GB/s%s\n", c.name, parts, unroll, us,
                     static_cast<double>(weight_bytes) / us / 1e3, is_default ? "  (default)" : "");
       }
   }
-  NPUSIM_CUDA_CHECK(cudaEventDestroy(start), "gemv bench");
-  NPUSIM_CUDA_CHECK(cudaEventDestroy(stop), "gemv bench");
   NPUSIM_CUDA_CHECK(cudaStreamDestroy(stream), "gemv bench");
 }
 
@@ -366,9 +375,6 @@ TEST(CudaBench, DecodeAttention) {
   cuda::ensure_device();
   cudaStream_t stream = nullptr;
   NPUSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "attention bench");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  NPUSIM_CUDA_CHECK(cudaEventCreate(&start), "attention bench");
-  NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), "attention bench");
   const size_t cache_bytes = static_cast<size_t>(kKvHeads * kCache * kWidth * 2);
   std::vector<cuda::DeviceBuffer> keys, values;
   for (int l = 0; l < kLayers; ++l) {
@@ -409,33 +415,19 @@ TEST(CudaBench, DecodeAttention) {
           which == 0 ? cuda::attention_scratch_floats(p) : cuda::decode_attention_scratch_floats(p, tuning);
       cuda::DeviceBuffer scratch(static_cast<size_t>(std::max<int64_t>(floats, 1) * 4), "scratch");
       NPUSIM_CUDA_CHECK(cudaMemset(scratch.data(), 0, scratch.size()), "attention bench");
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      NPUSIM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "attention bench");
-      for (int l = 0; l < kLayers; ++l) {
-        const cuda::Operand q{query.data(), cuda::kBF16};
-        const void* k = keys[static_cast<size_t>(l)].data();
-        const void* v = values[static_cast<size_t>(l)].data();
-        auto* partials = reinterpret_cast<float*>(scratch.data());
-        NPUSIM_CUDA_CHECK(which == 0 ? cuda::launch_attention(stream, p, out.data(), cuda::kBF16, q, {k, cuda::kBF16},
-                                                              {v, cuda::kBF16}, partials)
-                                     : cuda::launch_decode_attention(stream, p, cuda::kBF16, out.data(), cuda::kBF16, q,
-                                                                     k, v, partials, tuning),
-                          "launch_attention");
-      }
-      NPUSIM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), "attention bench");
-      NPUSIM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), "attention bench");
-      constexpr int kReplays = 20;
-      NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), "attention bench");
-      NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream), "attention bench");
-      for (int i = 0; i < kReplays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), "attention bench");
-      NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream), "attention bench");
-      NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), "attention bench");
-      float ms = 0.0f;
-      NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "attention bench");
-      NPUSIM_CUDA_CHECK(cudaGraphExecDestroy(exec), "attention bench");
-      NPUSIM_CUDA_CHECK(cudaGraphDestroy(graph), "attention bench");
-      const double us = 1000.0 * ms / (kReplays * kLayers);
+      auto* partials = reinterpret_cast<float*>(scratch.data());
+      const double us = replayed_microseconds(
+          stream, kLayers,
+          [&](int layer) {
+            const cuda::Operand q{query.data(), cuda::kBF16};
+            const void* k = keys[static_cast<size_t>(layer)].data();
+            const void* v = values[static_cast<size_t>(layer)].data();
+            return which == 0 ? cuda::launch_attention(stream, p, out.data(), cuda::kBF16, q, {k, cuda::kBF16},
+                                                       {v, cuda::kBF16}, partials)
+                              : cuda::launch_decode_attention(stream, p, cuda::kBF16, out.data(), cuda::kBF16, q, k, v,
+                                                              partials, tuning);
+          },
+          "decode attention");
       const double bytes = 2.0 * static_cast<double>(kKvHeads * context * kWidth * 2);
       std::printf("BENCH decode attention context %5lld, %s: %7.2f us per layer, cache read at %5.0f GB/s\n",
                   static_cast<long long>(context),
@@ -446,8 +438,6 @@ TEST(CudaBench, DecodeAttention) {
                   us, bytes / us / 1e3);
     }
   }
-  NPUSIM_CUDA_CHECK(cudaEventDestroy(start), "attention bench");
-  NPUSIM_CUDA_CHECK(cudaEventDestroy(stop), "attention bench");
   NPUSIM_CUDA_CHECK(cudaStreamDestroy(stream), "attention bench");
 }
 
