@@ -275,26 +275,15 @@ double replayed_microseconds(cudaStream_t stream, int layers, const std::functio
                              const std::string& what) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
   NPUSIM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), what);
   for (int l = 0; l < layers; ++l) NPUSIM_CUDA_CHECK(launch(l), what);
   NPUSIM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), what);
   NPUSIM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), what);
-  NPUSIM_CUDA_CHECK(cudaEventCreate(&start), what);
-  NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), what);
-  constexpr int kReplays = 20;
   NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), what);
-  NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream), what);
-  for (int i = 0; i < kReplays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(exec, stream), what);
-  NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream), what);
-  NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), what);
-  float ms = 0.0f;
-  NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), what);
-  NPUSIM_CUDA_CHECK(cudaEventDestroy(start), what);
-  NPUSIM_CUDA_CHECK(cudaEventDestroy(stop), what);
+  const double milliseconds = cuda::replay_milliseconds(exec, stream, 20, what);
   NPUSIM_CUDA_CHECK(cudaGraphExecDestroy(exec), what);
   NPUSIM_CUDA_CHECK(cudaGraphDestroy(graph), what);
-  return 1000.0 * ms / (kReplays * layers);
+  return 1000.0 * milliseconds / layers;
 }
 
 // Decode's GEMVs at Qwen2.5-1.5B's shapes (bf16) under each launch shape: a CUDA graph of one launch per layer,

@@ -166,19 +166,7 @@ class CudaPreparedProgram final : public PreparedProgram {
 
   double time_replays(int replays) {
     if (!graph_exec_) fail(graph_.source + ": no captured CUDA graph to time (run the program first)");
-    cudaEvent_t start = nullptr, stop = nullptr;
-    const std::string where = graph_.source + ": timing graph replays";
-    NPUSIM_CUDA_CHECK(cudaEventCreate(&start), where);
-    std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> start_owner(start, cudaEventDestroy);
-    NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), where);
-    std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> stop_owner(stop, cudaEventDestroy);
-    NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream_), where);
-    for (int i = 0; i < replays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_), where);
-    NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream_), where);
-    NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), where);
-    float milliseconds = 0.0f;
-    NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start, stop), where);
-    return static_cast<double>(milliseconds) / std::max(replays, 1);
+    return replay_milliseconds(graph_exec_, stream_, replays, graph_.source + ": timing graph replays");
   }
 
   // ---- state kept between runs (see PreparedProgram::bind_state) ----

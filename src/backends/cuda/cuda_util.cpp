@@ -149,4 +149,19 @@ void SharedScratch::reserve(size_t bytes, const std::string& what) {
   if (bytes > buffer_.size()) buffer_ = DeviceBuffer(bytes, what);
 }
 
+double replay_milliseconds(cudaGraphExec_t graph, cudaStream_t stream, int replays, const std::string& where) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  NPUSIM_CUDA_CHECK(cudaEventCreate(&start), where);
+  std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> start_owner(start, cudaEventDestroy);
+  NPUSIM_CUDA_CHECK(cudaEventCreate(&stop), where);
+  std::unique_ptr<CUevent_st, cudaError_t (*)(cudaEvent_t)> stop_owner(stop, cudaEventDestroy);
+  NPUSIM_CUDA_CHECK(cudaEventRecord(start, stream), where);
+  for (int i = 0; i < replays; ++i) NPUSIM_CUDA_CHECK(cudaGraphLaunch(graph, stream), where);
+  NPUSIM_CUDA_CHECK(cudaEventRecord(stop, stream), where);
+  NPUSIM_CUDA_CHECK(cudaEventSynchronize(stop), where);
+  float milliseconds = 0.0f;
+  NPUSIM_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start, stop), where);
+  return static_cast<double>(milliseconds) / std::max(replays, 1);
+}
+
 }  // namespace npusim::cuda

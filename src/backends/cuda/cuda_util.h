@@ -34,6 +34,9 @@ void check_environment();
 // The largest power of two up to 256 that divides the address and, for a batch walking it, the stride in bytes.
 uint32_t address_alignment(const void* pointer, int64_t stride_bytes = 0);
 
+// Milliseconds per replay of `replays` back-to-back launches of a CUDA graph on `stream`, timed with CUDA events.
+double replay_milliseconds(cudaGraphExec_t graph, cudaStream_t stream, int replays, const std::string& where);
+
 // One cudaMalloc allocation, freed with the object.
 class DeviceBuffer {
  public:
