@@ -560,6 +560,19 @@ ValueId add_node(Built& b, const std::string& op, const std::string& name, std::
   return out;
 }
 
+// Builds a test graph into `b`: operands with seeded values kept in `storage`, nodes with inferred shapes.
+struct BlockBuilder {
+  Built& b;
+  DType storage;
+  uint64_t seed = 1;
+  ValueId input(const std::string& name, const Operand& operand) {
+    return add_operand(b, name, operand, seed++, storage);
+  }
+  ValueId node(const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
+    return add_node(b, op, name, std::move(inputs), std::move(a));
+  }
+};
+
 struct DecodeBlock {
   Built built;
   size_t unfused_kernels = 0;
@@ -571,13 +584,13 @@ DecodeBlock decode_block(DType storage, int64_t k, bool norms) {
   DecodeBlock block;
   Built& b = block.built;
   b.graph.source = "decode block";
-  uint64_t seed = 1;
+  BlockBuilder g{b, storage};
   auto value = [&](const std::string& name, Shape shape, bool weight) {
-    return add_operand(b, name, Operand{shape, DType::Float32, weight}, seed++, storage);
+    return g.input(name, Operand{shape, DType::Float32, weight});
   };
   auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
     ++block.unfused_kernels;
-    return add_node(b, op, name, std::move(inputs), std::move(a));
+    return g.node(op, name, std::move(inputs), std::move(a));
   };
   const ValueId x = value("x", {1, 1, k}, false), residual = value("residual", {1, 1, 40}, false);
   auto row = [&](const std::string& name) {
@@ -640,21 +653,16 @@ TEST(CudaFusion, DecodeGemvsFuseIntoFewLaunchesAndMatchTheReference) {
 Built rope_cache_block(DType storage) {
   Built b;
   b.graph.source = "rope cache block";
-  uint64_t seed = 1;
-  auto input = [&](const std::string& name, const Operand& operand) {
-    return add_operand(b, name, operand, seed++, storage);
-  };
-  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
-    return add_node(b, op, name, std::move(inputs), std::move(a));
-  };
-  const ValueId q = input("q", f({1, 4, 1, 10})), k = input("k", f({1, 2, 1, 10})), v = input("v", f({1, 2, 1, 6}));
-  const ValueId cos = input("cos", f({1, 1, 1, 10})), sin = input("sin", f({1, 1, 1, 10}));
-  const ValueId position = input("position", ints({1}, 0, 13));
-  const ValueId cache_k = input("cache_k", f({1, 2, 13, 10})), cache_v = input("cache_v", f({1, 2, 13, 6}));
-  const ValueId q_rotated = node("rope", "q_rotated", {q, cos, sin});
-  const ValueId k_rotated = node("rope", "k_rotated", {k, cos, sin});
-  const ValueId new_k = node("index_copy", "new_k", {cache_k, position, k_rotated}, attrs({{"dim", I(2)}}));
-  const ValueId new_v = node("index_copy", "new_v", {cache_v, position, v}, attrs({{"dim", I(-2)}}));
+  BlockBuilder g{b, storage};
+  const ValueId q = g.input("q", f({1, 4, 1, 10})), k = g.input("k", f({1, 2, 1, 10})),
+                v = g.input("v", f({1, 2, 1, 6}));
+  const ValueId cos = g.input("cos", f({1, 1, 1, 10})), sin = g.input("sin", f({1, 1, 1, 10}));
+  const ValueId position = g.input("position", ints({1}, 0, 13));
+  const ValueId cache_k = g.input("cache_k", f({1, 2, 13, 10})), cache_v = g.input("cache_v", f({1, 2, 13, 6}));
+  const ValueId q_rotated = g.node("rope", "q_rotated", {q, cos, sin});
+  const ValueId k_rotated = g.node("rope", "k_rotated", {k, cos, sin});
+  const ValueId new_k = g.node("index_copy", "new_k", {cache_k, position, k_rotated}, attrs({{"dim", I(2)}}));
+  const ValueId new_v = g.node("index_copy", "new_v", {cache_v, position, v}, attrs({{"dim", I(-2)}}));
   b.graph.outputs = {q_rotated, new_k, new_v};
   compiler::renumber_producers(b.graph);
   return b;
@@ -710,35 +718,30 @@ Built prefill_attention_block(DType storage, int64_t tokens, int64_t start, int6
   constexpr int64_t kQHeads = 4, kKvHeads = 2, kWidth = 32;
   Built b;
   b.graph.source = "prefill attention block";
-  uint64_t seed = 1;
-  auto input = [&](const std::string& name, const Operand& operand) {
-    return add_operand(b, name, operand, seed++, storage);
-  };
-  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
-    return add_node(b, op, name, std::move(inputs), std::move(a));
-  };
-  const ValueId cos = input("cos", f({1, 1, tokens, kWidth})), sin = input("sin", f({1, 1, tokens, kWidth}));
+  BlockBuilder g{b, storage};
+  const ValueId cos = g.input("cos", f({1, 1, tokens, kWidth})), sin = g.input("sin", f({1, 1, tokens, kWidth}));
   const auto heads = [&](const std::string& name, int64_t count) {
-    const ValueId flat = input(name, f({1, tokens, count * kWidth}));
-    const ValueId split = node("reshape", name + ".heads", {flat}, attrs({{"shape", L({1, tokens, count, kWidth})}}));
-    return node("transpose", name + ".t", {split}, attrs({{"dim0", I(1)}, {"dim1", I(2)}}));
+    const ValueId flat = g.input(name, f({1, tokens, count * kWidth}));
+    const ValueId split = g.node("reshape", name + ".heads", {flat}, attrs({{"shape", L({1, tokens, count, kWidth})}}));
+    return g.node("transpose", name + ".t", {split}, attrs({{"dim0", I(1)}, {"dim1", I(2)}}));
   };
-  const ValueId q = node("rope", "q.rope", {heads("q", kQHeads), cos, sin});
-  const ValueId k = node("rope", "k.rope", {heads("k", kKvHeads), cos, sin});
+  const ValueId q = g.node("rope", "q.rope", {heads("q", kQHeads), cos, sin});
+  const ValueId k = g.node("rope", "k.rope", {heads("k", kKvHeads), cos, sin});
   const ValueId v = heads("v", kKvHeads);
-  const ValueId positions = input("cache_position", ints({tokens}, 0, 1));
-  const ValueId mask = input("mask", f({1, 1, tokens, context}));
-  const ValueId cache_k = input("cache_k", f({1, kKvHeads, context, kWidth}));
-  const ValueId cache_v = input("cache_v", f({1, kKvHeads, context, kWidth}));
-  const ValueId new_k = node("index_copy", "new_k", {cache_k, positions, k}, attrs({{"dim", I(2)}}));
-  const ValueId new_v = node("index_copy", "new_v", {cache_v, positions, v}, attrs({{"dim", I(2)}}));
-  const ValueId attended = node("attention", "sdpa", {q, new_k, new_v, mask, positions},
-                                attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}, {"scale", F(0.2)}}));
-  const ValueId back = node("transpose", "sdpa.t", {attended}, attrs({{"dim0", I(1)}, {"dim1", I(2)}}));
-  const ValueId merged = node("reshape", "merged", {back}, attrs({{"shape", L({1, tokens, kQHeads * kWidth})}}));
-  const ValueId projected = node("linear", "o", {merged, input("o.weight", w({kQHeads * kWidth, kQHeads * kWidth}))});
-  const ValueId residual = input("residual", f({1, tokens, kQHeads * kWidth}));
-  const ValueId sum = node("add", "residual_add", {residual, projected});
+  const ValueId positions = g.input("cache_position", ints({tokens}, 0, 1));
+  const ValueId mask = g.input("mask", f({1, 1, tokens, context}));
+  const ValueId cache_k = g.input("cache_k", f({1, kKvHeads, context, kWidth}));
+  const ValueId cache_v = g.input("cache_v", f({1, kKvHeads, context, kWidth}));
+  const ValueId new_k = g.node("index_copy", "new_k", {cache_k, positions, k}, attrs({{"dim", I(2)}}));
+  const ValueId new_v = g.node("index_copy", "new_v", {cache_v, positions, v}, attrs({{"dim", I(2)}}));
+  const ValueId attended = g.node("attention", "sdpa", {q, new_k, new_v, mask, positions},
+                                  attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}, {"scale", F(0.2)}}));
+  const ValueId back = g.node("transpose", "sdpa.t", {attended}, attrs({{"dim0", I(1)}, {"dim1", I(2)}}));
+  const ValueId merged = g.node("reshape", "merged", {back}, attrs({{"shape", L({1, tokens, kQHeads * kWidth})}}));
+  const ValueId projected =
+      g.node("linear", "o", {merged, g.input("o.weight", w({kQHeads * kWidth, kQHeads * kWidth}))});
+  const ValueId residual = g.input("residual", f({1, tokens, kQHeads * kWidth}));
+  const ValueId sum = g.node("add", "residual_add", {residual, projected});
   b.graph.outputs = {sum, new_k, new_v};
   compiler::renumber_producers(b.graph);
   for (int64_t i = 0; i < tokens; ++i) b.inputs["cache_position"].mutable_data<int64_t>()[i] = start + i;

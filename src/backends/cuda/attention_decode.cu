@@ -11,7 +11,6 @@
 // to the second product transposed through shared memory. An online softmax per warp folds the tiles in; the warps
 // then combine through shared memory.
 #include <algorithm>
-#include <atomic>
 
 #include "backends/cuda/attention_common.cuh"
 #include "backends/cuda/attention_decode.h"
@@ -349,14 +348,9 @@ __global__ void __launch_bounds__(D) decode_combine_kernel(AttentionParams p, in
 template <typename T, int D>
 cudaError_t launch_decode_typed(cudaStream_t stream, const AttentionParams& p, const DecodePlan& plan, void* out,
                                 int out_elem, Operand q, const void* k, const void* v, float* scratch) {
-  static std::atomic<int64_t> allowed_shared{48 * 1024};
-  if (plan.shared_bytes > allowed_shared.load()) {
-    const cudaError_t error =
-        cudaFuncSetAttribute(decode_attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(plan.shared_bytes));
-    if (error != cudaSuccess) return error;
-    allowed_shared.store(plan.shared_bytes);
-  }
+  if (const cudaError_t error = allow_shared_bytes<decode_attention_kernel<T, D>>(plan.shared_bytes);
+      error != cudaSuccess)
+    return error;
   const int64_t rows = p.batch * p.q_heads;
   float* values = scratch;
   float* stats = scratch ? values + rows * plan.splits * D : nullptr;

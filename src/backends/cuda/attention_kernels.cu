@@ -5,7 +5,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -557,14 +556,9 @@ std::optional<TiledPlan> tiled_plan(const AttentionParams& p, int elem, const vo
 template <typename T, int Heads>
 cudaError_t launch_tiled_typed(cudaStream_t stream, const AttentionParams& p, const TiledPlan& plan, void* out,
                                int out_elem, Operand q, const void* k, const void* v, float* scratch) {
-  static std::atomic<int64_t> allowed_shared{48 * 1024};
-  if (plan.shared_bytes > allowed_shared.load()) {
-    const cudaError_t error =
-        cudaFuncSetAttribute(tiled_attention_kernel<T, Heads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(plan.shared_bytes));
-    if (error != cudaSuccess) return error;
-    allowed_shared.store(plan.shared_bytes);
-  }
+  if (const cudaError_t error = allow_shared_bytes<tiled_attention_kernel<T, Heads>>(plan.shared_bytes);
+      error != cudaSuccess)
+    return error;
   const int64_t rows = p.batch * p.q_heads;
   float* stats = scratch;
   float* values = scratch + rows * plan.splits * 2;

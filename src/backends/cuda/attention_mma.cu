@@ -9,7 +9,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "backends/cuda/attention_common.cuh"
@@ -322,13 +321,8 @@ cudaError_t launch_typed(cudaStream_t stream, const AttentionParams& p, void* ou
   constexpr int64_t kSharedBytes = int64_t{2} * kMmaWarps * kKeysPerTile * (Steps * 16 + kRowPad) * sizeof(T);
   static_assert(kSharedBytes >= (kMmaWarps * kRowsPerBlock * (Steps * 16 + 3) + kRowsPerBlock) * 4,
                 "room for the warps' runs");
-  static std::atomic<bool> configured{false};
-  if (kSharedBytes > 48 * 1024 && !configured.load()) {
-    const cudaError_t error = cudaFuncSetAttribute(
-        mma_attention_kernel<T, Steps>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes));
-    if (error != cudaSuccess) return error;
-    configured.store(true);
-  }
+  if (const cudaError_t error = allow_shared_bytes<mma_attention_kernel<T, Steps>>(kSharedBytes); error != cudaSuccess)
+    return error;
   const int64_t chunks = (p.q_heads / p.k_heads * p.length + kRowsPerBlock - 1) / kRowsPerBlock;
   const dim3 grid(static_cast<unsigned>(p.batch * p.k_heads * chunks));
   return launch_dependent(mma_attention_kernel<T, Steps>, grid, kMmaThreads, kSharedBytes, stream, p, q,

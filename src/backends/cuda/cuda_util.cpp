@@ -98,52 +98,48 @@ uint32_t address_alignment(const void* pointer, int64_t stride_bytes) {
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
-PinnedBuffer::PinnedBuffer(size_t bytes, const std::string& what) : size_(bytes) {
+template <MemoryKind Kind>
+CudaAllocation<Kind>::CudaAllocation(size_t bytes, const std::string& what) : size_(bytes) {
   if (bytes == 0) return;
   void* pointer = nullptr;
-  NPUSIM_CUDA_CHECK(cudaHostAlloc(&pointer, bytes, cudaHostAllocDefault),
-                    "allocating " + std::to_string(bytes) + " bytes of page-locked host memory for " + what);
+  if constexpr (Kind == MemoryKind::Device)
+    NPUSIM_CUDA_CHECK(cudaMalloc(&pointer, bytes), "allocating " + std::to_string(bytes) + " bytes for " + what);
+  else
+    NPUSIM_CUDA_CHECK(cudaHostAlloc(&pointer, bytes, cudaHostAllocDefault),
+                      "allocating " + std::to_string(bytes) + " bytes of page-locked host memory for " + what);
   data_ = static_cast<std::byte*>(pointer);
 }
 
-PinnedBuffer::~PinnedBuffer() {
-  if (data_) cudaFreeHost(data_);
+template <MemoryKind Kind>
+void CudaAllocation<Kind>::release() noexcept {
+  if (!data_) return;
+  if constexpr (Kind == MemoryKind::Device)
+    cudaFree(data_);
+  else
+    cudaFreeHost(data_);
 }
 
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
+template <MemoryKind Kind>
+CudaAllocation<Kind>::~CudaAllocation() {
+  release();
+}
+
+template <MemoryKind Kind>
+CudaAllocation<Kind>::CudaAllocation(CudaAllocation&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
 
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+template <MemoryKind Kind>
+CudaAllocation<Kind>& CudaAllocation<Kind>::operator=(CudaAllocation&& other) noexcept {
   if (this != &other) {
-    if (data_) cudaFreeHost(data_);
+    release();
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
 }
 
-DeviceBuffer::DeviceBuffer(size_t bytes, const std::string& what) : size_(bytes) {
-  if (bytes == 0) return;
-  void* pointer = nullptr;
-  NPUSIM_CUDA_CHECK(cudaMalloc(&pointer, bytes), "allocating " + std::to_string(bytes) + " bytes for " + what);
-  data_ = static_cast<std::byte*>(pointer);
-}
-
-DeviceBuffer::~DeviceBuffer() {
-  if (data_) cudaFree(data_);
-}
-
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
-  if (this != &other) {
-    if (data_) cudaFree(data_);
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
-}
+template class CudaAllocation<MemoryKind::Device>;
+template class CudaAllocation<MemoryKind::PinnedHost>;
 
 void SharedScratch::reserve(size_t bytes, const std::string& what) {
   if (bytes > buffer_.size()) buffer_ = DeviceBuffer(bytes, what);

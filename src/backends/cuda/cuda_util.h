@@ -37,24 +37,31 @@ uint32_t address_alignment(const void* pointer, int64_t stride_bytes = 0);
 // Milliseconds per replay of `replays` back-to-back launches of a CUDA graph on `stream`, timed with CUDA events.
 double replay_milliseconds(cudaGraphExec_t graph, cudaStream_t stream, int replays, const std::string& where);
 
-// One cudaMalloc allocation, freed with the object.
-class DeviceBuffer {
+// One CUDA allocation, freed with the object: device memory (cudaMalloc) or page-locked host memory (cudaHostAlloc,
+// which copies to and from the device read and write as DMA).
+enum class MemoryKind { Device, PinnedHost };
+template <MemoryKind Kind>
+class CudaAllocation {
  public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes, const std::string& what);
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  CudaAllocation() = default;
+  CudaAllocation(size_t bytes, const std::string& what);
+  ~CudaAllocation();
+  CudaAllocation(const CudaAllocation&) = delete;
+  CudaAllocation& operator=(const CudaAllocation&) = delete;
+  CudaAllocation(CudaAllocation&& other) noexcept;
+  CudaAllocation& operator=(CudaAllocation&& other) noexcept;
 
   std::byte* data() const { return data_; }
   size_t size() const { return size_; }
 
  private:
+  void release() noexcept;
+
   std::byte* data_ = nullptr;
   size_t size_ = 0;
 };
+using DeviceBuffer = CudaAllocation<MemoryKind::Device>;
+using PinnedBuffer = CudaAllocation<MemoryKind::PinnedHost>;
 
 // Tuning choices (algorithms timed at prepare) kept process-wide by problem key, safe to share between threads.
 template <typename Choice>
@@ -74,25 +81,6 @@ class ChoiceCache {
  private:
   mutable std::mutex mutex_;
   std::map<std::string, Choice> choices_;
-};
-
-// Page-locked host memory (cudaHostAlloc), freed with the object: copies between it and the device run as DMA.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(size_t bytes, const std::string& what);
-  ~PinnedBuffer();
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& other) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-
-  std::byte* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  std::byte* data_ = nullptr;
-  size_t size_ = 0;
 };
 
 // Device memory that the launches of one program share (they run one after another on its stream), e.g. im2col's

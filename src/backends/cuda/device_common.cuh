@@ -6,7 +6,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <utility>
 
 #include "backends/cuda/device_kernels.h"
@@ -162,6 +164,21 @@ __device__ __forceinline__ __half from_float(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// Lets `Kernel` launch with `bytes` of dynamic shared memory: its limit is raised past the default 48 KiB the first
+// time a launch needs more (never lowered, whichever thread asks first).
+template <auto Kernel>
+cudaError_t allow_shared_bytes(int64_t bytes) {
+  static std::atomic<int64_t> allowed{48 * 1024};
+  if (bytes <= allowed.load()) return cudaSuccess;
+  static std::mutex raising;
+  std::lock_guard<std::mutex> lock(raising);
+  if (bytes <= allowed.load()) return cudaSuccess;
+  const cudaError_t error =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (error == cudaSuccess) allowed.store(bytes);
+  return error;
 }
 
 // Launches `kernel` with programmatic dependent launch allowed, so that it can start while the previous kernel of
