@@ -17,4 +17,14 @@ inline std::string work_dir(const std::string& name = "") {
   return dir.string();
 }
 
+// An empty folder of the current test's own, new on every call (what an earlier run left there is removed). Everything
+// stays inside the build tree: nothing is left behind in the system's temporary folder.
+inline std::string fresh_work_dir(const std::string& prefix = "scratch") {
+  static int calls = 0;
+  const std::filesystem::path dir = work_dir() + "/" + prefix + "_" + std::to_string(calls++);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
 }  // namespace npusim::test

@@ -23,6 +23,7 @@
 #include "runtime/random_fill.h"
 #include "runtime/reference_executor.h"
 #include "runtime/safetensors.h"
+#include "work_dir.h"
 
 using namespace npusim;
 
@@ -32,11 +33,7 @@ const std::string kSource = "bad.json";
 
 // One scratch directory per run; files of the same name overwrite each other.
 const std::string& scratch_dir() {
-  static const std::string dir = [] {
-    std::string pattern = ::testing::TempDir() + "npusim_bad_inputs_XXXXXX";
-    if (!mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp failed for " << pattern;
-    return pattern + "/";
-  }();
+  static const std::string dir = npusim::test::fresh_work_dir("bad_inputs") + "/";
   return dir;
 }
 

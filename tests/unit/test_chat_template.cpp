@@ -12,6 +12,7 @@
 
 #include "llm/chat_template.h"
 #include "npusim/error.h"
+#include "work_dir.h"
 
 using namespace npusim;
 using Json = nlohmann::json;
@@ -35,11 +36,7 @@ ChatTemplate template_file(const std::string& name, const std::string& bos = "")
   return ChatTemplate::from_jinja(read_text(kTemplates + name), name, bos);
 }
 
-std::string temp_dir() {
-  std::string dir = ::testing::TempDir() + "npusim_chat_XXXXXX";
-  if (!mkdtemp(dir.data())) ADD_FAILURE() << "mkdtemp failed";
-  return dir;
-}
+std::string temp_dir() { return npusim::test::fresh_work_dir("chat"); }
 
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string path = dir + "/" + name;

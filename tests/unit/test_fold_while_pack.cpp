@@ -23,6 +23,7 @@
 #include "runtime/weight_transforms.h"
 #include "unit/error_expectations.h"
 #include "unit/graph_test_util.h"
+#include "work_dir.h"
 
 namespace npusim {
 namespace {
@@ -413,7 +414,7 @@ TEST(FoldWhilePack, FoldedWeightReadElsewhereIsComputed) {
 TEST(FoldWhilePack, WeightStoreCanLeaveTheFoldsToTheBackend) {
   const BnGraph g = bn_graph({"1x1", 3, 4, 3, 1, 1, true, 4, false}, 8);
   const Program program = folded_program(g.graph);
-  const std::string path = ::testing::TempDir() + "fold_while_pack.safetensors";
+  const std::string path = npusim::test::work_dir() + "/fold_while_pack.safetensors";
   NamedTensors tensors;
   for (const auto& [id, tensor] : g.weights) tensors.emplace_back(g.graph.value(id).weight_key, tensor);
   write_safetensors(path, tensors);

@@ -10,6 +10,7 @@
 #include "llm/model_config.h"
 #include "npusim/error.h"
 #include "unit/error_expectations.h"
+#include "work_dir.h"
 
 using namespace npusim;
 
@@ -19,9 +20,7 @@ const std::string kQwenTiny = NPUSIM_TEST_DATA "/fixtures/qwen_tiny/config.json"
 const std::string kQwen15 = NPUSIM_TEST_DATA "/fixtures/qwen2.5-1.5b-instruct/config.json";
 
 std::string write_config(const std::string& name, const std::string& text) {
-  std::string dir = ::testing::TempDir() + "npusim_config_XXXXXX";
-  if (!mkdtemp(dir.data())) ADD_FAILURE() << "mkdtemp failed";
-  const std::string path = dir + "/" + name;
+  const std::string path = npusim::test::fresh_work_dir("config") + "/" + name;
   std::ofstream(path) << text;
   return path;
 }

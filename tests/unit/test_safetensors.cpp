@@ -11,16 +11,13 @@
 #include "npusim/tensor.h"
 #include "runtime/npy.h"
 #include "runtime/safetensors.h"
+#include "work_dir.h"
 
 using namespace npusim;
 
 namespace {
 
-std::string fresh_dir() {
-  std::string pattern = ::testing::TempDir() + "npusim_safetensors_XXXXXX";
-  if (!mkdtemp(pattern.data())) ADD_FAILURE() << "mkdtemp failed for " << pattern;
-  return pattern + "/";
-}
+std::string fresh_dir() { return npusim::test::fresh_work_dir("safetensors") + "/"; }
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);

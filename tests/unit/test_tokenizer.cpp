@@ -17,6 +17,7 @@
 #include "llm/utf8_stream.h"
 #include "npusim/error.h"
 #include "unit/error_expectations.h"
+#include "work_dir.h"
 
 using namespace npusim;
 using Json = nlohmann::json;
@@ -29,11 +30,7 @@ constexpr const char* kQwen2Regex =
 constexpr const char* kLlama3Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-std::string temp_dir() {
-  std::string dir = ::testing::TempDir() + "npusim_tokenizer_XXXXXX";
-  if (!mkdtemp(dir.data())) ADD_FAILURE() << "mkdtemp failed";
-  return dir;
-}
+std::string temp_dir() { return npusim::test::fresh_work_dir("tokenizer"); }
 
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string path = dir + "/" + name;

@@ -13,6 +13,7 @@
 #include "npusim/graph.h"
 #include "runtime/safetensors.h"
 #include "runtime/weight_store.h"
+#include "work_dir.h"
 
 using namespace npusim;
 
@@ -20,11 +21,7 @@ namespace {
 
 const std::string kTiny = NPUSIM_TEST_DATA "/fixtures/qwen_tiny/";
 
-std::string fresh_dir() {
-  std::string dir = ::testing::TempDir() + "npusim_weights_XXXXXX";
-  if (!mkdtemp(dir.data())) ADD_FAILURE() << "mkdtemp failed";
-  return dir + "/";
-}
+std::string fresh_dir() { return npusim::test::fresh_work_dir("weights") + "/"; }
 
 std::map<std::string, Tensor> by_key(const Graph& graph, const WeightBinding& binding) {
   std::map<std::string, Tensor> tensors;
