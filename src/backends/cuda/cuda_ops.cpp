@@ -23,14 +23,7 @@ static_assert(static_cast<int>(Elem::F32) == kF32 && static_cast<int>(Elem::F16)
               static_cast<int>(Elem::BF16) == kBF16 && static_cast<int>(Elem::I64) == kI64 &&
               static_cast<int>(Elem::Bool) == kBool);
 
-int code(Elem elem) { return static_cast<int>(elem); }
-Operand operand(const DeviceValue& value) { return {value.data, code(value.elem)}; }
 Operand none() { return {nullptr, kF32}; }
-
-std::string where(const Node& node) { return "node '" + node.name + "' (" + node.op + ")"; }
-
-// A launcher's result, checked with the node's name.
-void checked(cudaError_t result, const char* launcher, const Node& node) { check_cuda(result, launcher, where(node)); }
 
 // Element strides of a contiguous shape.
 std::vector<int64_t> strides_of(const Shape& shape) { return contiguous_strides(shape); }
@@ -75,14 +68,14 @@ Launch copy_whole(const Node& node, const DeviceValue& in, const DeviceValue& ou
     if (in.data == out.data && in.elem == out.elem) return;
     if (in.elem == out.elem) {
       check_cuda(cudaMemcpyAsync(out.data, in.data, out.bytes(), cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync",
-                 where(*node));
+                 describe_node(*node));
       return;
     }
     Indexer ix;
     ix.rank = 1;
     ix.sizes[0] = out.numel();
     ix.strides[0][0] = ix.strides[1][0] = 1;
-    checked(launch_copy(stream, ix, out.data, code(out.elem), operand(in)), "launch_copy", *node);
+    check_launch(launch_copy(stream, ix, out.data, elem_code(out.elem), as_operand(in)), "launch_copy", *node);
   };
 }
 
@@ -104,9 +97,9 @@ std::optional<Launch> strided_copy(const OpContext& ctx, const std::vector<int64
   const DeviceValue& out = ctx.outputs[0];
   const auto ix = make_indexer(out.meta.shape, {strides_of(out.meta.shape), strides});
   if (!ix) return std::nullopt;
-  const Operand source{in.data + offset * static_cast<int64_t>(cpu::elem_size(in.elem)), code(in.elem)};
+  const Operand source{in.data + offset * static_cast<int64_t>(cpu::elem_size(in.elem)), elem_code(in.elem)};
   return [node = &ctx.node, ix = *ix, out, source](cudaStream_t stream) {
-    checked(launch_copy(stream, ix, out.data, code(out.elem), source), "launch_copy", *node);
+    check_launch(launch_copy(stream, ix, out.data, elem_code(out.elem), source), "launch_copy", *node);
   };
 }
 
@@ -204,13 +197,13 @@ std::optional<Launch> cat_op(const OpContext& ctx) {
     const auto ix = make_indexer(in.meta.shape, {out_strides, strides_of(in.meta.shape)});
     if (!ix) return std::nullopt;
     pieces.push_back(
-        {*ix, operand(in), out.data + along * out_strides[dim] * static_cast<int64_t>(cpu::elem_size(out.elem))});
+        {*ix, as_operand(in), out.data + along * out_strides[dim] * static_cast<int64_t>(cpu::elem_size(out.elem))});
     along += in.meta.shape[dim];
   }
   if (along != shape[dim]) return std::nullopt;
   return [node = &ctx.node, pieces, out](cudaStream_t stream) {
     for (const Piece& piece : pieces)
-      checked(launch_copy(stream, piece.ix, piece.dst, code(out.elem), piece.source), "launch_copy", *node);
+      check_launch(launch_copy(stream, piece.ix, piece.dst, elem_code(out.elem), piece.source), "launch_copy", *node);
   };
 }
 
@@ -261,7 +254,7 @@ std::optional<Launch> binary_op(const OpContext& ctx) {
   std::vector<std::vector<int64_t>> strides{strides_of(out.meta.shape),
                                             ops::broadcast_strides(x.meta.shape, out.meta.shape)};
   if (ctx.inputs.size() == 2) {
-    second = operand(ctx.inputs[1]);
+    second = as_operand(ctx.inputs[1]);
     strides.push_back(ops::broadcast_strides(ctx.inputs[1].meta.shape, out.meta.shape));
   } else {
     if (a.is_none("other")) return std::nullopt;
@@ -284,11 +277,11 @@ std::optional<Launch> binary_op(const OpContext& ctx) {
   }
   const auto ix = make_indexer(out.meta.shape, strides);
   if (!ix) return std::nullopt;
-  return [node = &ctx.node, op, ix = *ix, out, first = operand(x), second, scalar, int_scalar, alpha,
+  return [node = &ctx.node, op, ix = *ix, out, first = as_operand(x), second, scalar, int_scalar, alpha,
           int_alpha](cudaStream_t stream) {
-    checked(
-        launch_binary(stream, op, ix, out.data, code(out.elem), first, second, scalar, int_scalar, alpha, int_alpha),
-        "launch_binary", *node);
+    check_launch(launch_binary(stream, op, ix, out.data, elem_code(out.elem), first, second, scalar, int_scalar, alpha,
+                               int_alpha),
+                 "launch_binary", *node);
   };
 }
 
@@ -314,7 +307,8 @@ std::optional<Launch> unary_op(const OpContext& ctx) {
   const auto op = unary_of(ctx.node.op, ctx.node.attrs);
   if (!op) return std::nullopt;
   return [node = &ctx.node, op = *op, in, out](cudaStream_t stream) {
-    checked(launch_unary(stream, op, out.numel(), out.data, code(out.elem), operand(in)), "launch_unary", *node);
+    check_launch(launch_unary(stream, op, out.numel(), out.data, elem_code(out.elem), as_operand(in)), "launch_unary",
+                 *node);
   };
 }
 
@@ -327,7 +321,7 @@ std::optional<Launch> where_op(const OpContext& ctx) {
   double other = 0.0;
   Operand b = none();
   if (ctx.inputs.size() == 3) {
-    b = operand(ctx.inputs[2]);
+    b = as_operand(ctx.inputs[2]);
   } else {
     if (ctx.node.attrs.is_none("other")) return std::nullopt;
     if (!cpu::is_float_elem(out.elem) && !ctx.node.attrs.is_integer("other")) return std::nullopt;
@@ -336,9 +330,9 @@ std::optional<Launch> where_op(const OpContext& ctx) {
   }
   const auto ix = make_indexer(shape, strides);
   if (!ix) return std::nullopt;
-  return [node = &ctx.node, ix = *ix, out, cond = operand(ctx.inputs[0]), a = operand(ctx.inputs[1]), b,
+  return [node = &ctx.node, ix = *ix, out, cond = as_operand(ctx.inputs[0]), a = as_operand(ctx.inputs[1]), b,
           other](cudaStream_t stream) {
-    checked(launch_where(stream, ix, out.data, code(out.elem), cond, a, b, other), "launch_where", *node);
+    check_launch(launch_where(stream, ix, out.data, elem_code(out.elem), cond, a, b, other), "launch_where", *node);
   };
 }
 
@@ -348,8 +342,8 @@ std::optional<Launch> rope_op(const OpContext& ctx) {
   const std::optional<RopeCacheJob> job = rope_job(ctx);
   if (!job) return std::nullopt;
   return [node = &ctx.node, job = *job](cudaStream_t stream) {
-    checked(launch_rope(stream, job.ix, job.width, job.out, job.out_elem, job.x, job.cos, job.sin), "launch_rope",
-            *node);
+    check_launch(launch_rope(stream, job.ix, job.width, job.out, job.out_elem, job.x, job.cos, job.sin), "launch_rope",
+                 *node);
   };
 }
 double machine_epsilon(DType dtype) {
@@ -373,13 +367,13 @@ std::optional<Launch> rms_norm_op(const OpContext& ctx) {
   int64_t row_size = 1;
   for (int64_t size : normalized) row_size *= size;
   if (row_size == 0 || !cpu::is_float_elem(x.elem)) return std::nullopt;
-  const Operand weight = ctx.inputs.size() == 2 ? operand(ctx.inputs[1]) : none();
+  const Operand weight = ctx.inputs.size() == 2 ? as_operand(ctx.inputs[1]) : none();
   if (ctx.inputs.size() == 2 && ctx.inputs[1].numel() != row_size) return std::nullopt;
   const double eps = rms_norm_eps(ctx.node, out.meta.dtype);
   const int64_t rows = x.numel() / row_size;
   return [node = &ctx.node, rows, row_size, eps, out, x, weight](cudaStream_t stream) {
-    checked(launch_rms_norm(stream, rows, row_size, eps, out.data, code(out.elem), operand(x), weight),
-            "launch_rms_norm", *node);
+    check_launch(launch_rms_norm(stream, rows, row_size, eps, out.data, elem_code(out.elem), as_operand(x), weight),
+                 "launch_rms_norm", *node);
   };
 }
 
@@ -388,9 +382,10 @@ std::optional<Launch> embedding_op(const OpContext& ctx) {
   const DeviceValue table = ctx.inputs[0], indices = ctx.inputs[1], out = ctx.outputs[0];
   if (table.meta.shape.size() != 2 || indices.elem != Elem::I64) return std::nullopt;
   return [node = &ctx.node, table, indices, out, error = ctx.error_flag](cudaStream_t stream) {
-    checked(launch_embedding(stream, indices.numel(), table.meta.shape[0], table.meta.shape[1], out.data,
-                             code(out.elem), operand(table), reinterpret_cast<const int64_t*>(indices.data), error),
-            "launch_embedding", *node);
+    check_launch(
+        launch_embedding(stream, indices.numel(), table.meta.shape[0], table.meta.shape[1], out.data,
+                         elem_code(out.elem), as_operand(table), reinterpret_cast<const int64_t*>(indices.data), error),
+        "launch_embedding", *node);
   };
 }
 
@@ -413,8 +408,8 @@ std::optional<RopeCacheJob> index_copy_geometry(const OpContext& ctx) {
   job.count = outer * job.index_count * job.inner;
   if (source.numel() != job.count) return std::nullopt;
   job.out = out.data;
-  job.out_elem = code(out.elem);
-  job.x = operand(source);
+  job.out_elem = elem_code(out.elem);
+  job.x = as_operand(source);
   job.source_index_stride = job.inner;
   job.source_outer_stride = job.index_count * job.inner;
   job.index = reinterpret_cast<const int64_t*>(index.data);
@@ -429,9 +424,9 @@ std::optional<Launch> index_copy_op(const OpContext& ctx) {
   const int64_t slice = job->index_count * job->inner, outer = slice == 0 ? 0 : job->count / slice;
   return [node = &ctx.node, copy, outer, job = *job](cudaStream_t stream) {
     copy(stream);
-    checked(launch_index_copy(stream, outer, job.dim_size, job.inner, job.index_count, job.out, job.out_elem, job.x,
-                              job.index, job.error),
-            "launch_index_copy", *node);
+    check_launch(launch_index_copy(stream, outer, job.dim_size, job.inner, job.index_count, job.out, job.out_elem,
+                                   job.x, job.index, job.error),
+                 "launch_index_copy", *node);
   };
 }
 // self[i0, i1, ...] with index tensors on self's leading dims (no None slots).
@@ -461,7 +456,8 @@ std::optional<Launch> index_op(const OpContext& ctx) {
   const auto ix = make_indexer(broadcast, strides);
   if (!ix) return std::nullopt;
   return [node = &ctx.node, ix = *ix, g, out, self, error = ctx.error_flag](cudaStream_t stream) {
-    checked(launch_index(stream, ix, g, out.data, code(out.elem), operand(self), error), "launch_index", *node);
+    check_launch(launch_index(stream, ix, g, out.data, elem_code(out.elem), as_operand(self), error), "launch_index",
+                 *node);
   };
 }
 
@@ -473,9 +469,10 @@ std::optional<Launch> rotary_embedding_op(const OpContext& ctx) {
   if (cos.numel() != positions.numel() * 2 * half || sin.numel() != cos.numel()) return std::nullopt;
   const auto scaling = static_cast<float>(ctx.node.attrs.get_float("attention_scaling", 1.0));
   return [node = &ctx.node, frequencies, positions, cos, sin, half, scaling](cudaStream_t stream) {
-    checked(launch_rotary_embedding(stream, positions.numel(), half, scaling, cos.data, sin.data, code(cos.elem),
-                                    operand(frequencies), reinterpret_cast<const int64_t*>(positions.data)),
-            "launch_rotary_embedding", *node);
+    check_launch(
+        launch_rotary_embedding(stream, positions.numel(), half, scaling, cos.data, sin.data, elem_code(cos.elem),
+                                as_operand(frequencies), reinterpret_cast<const int64_t*>(positions.data)),
+        "launch_rotary_embedding", *node);
   };
 }
 
@@ -488,8 +485,8 @@ std::optional<Launch> softmax_op(const OpContext& ctx) {
   const int64_t width = x.meta.shape.back();
   if (width == 0) return std::nullopt;
   return [node = &ctx.node, x, out, width](cudaStream_t stream) {
-    checked(launch_softmax(stream, x.numel() / width, width, out.data, code(out.elem), operand(x)), "launch_softmax",
-            *node);
+    check_launch(launch_softmax(stream, x.numel() / width, width, out.data, elem_code(out.elem), as_operand(x)),
+                 "launch_softmax", *node);
   };
 }
 
@@ -520,7 +517,7 @@ std::optional<AttentionParams> attention_params(const OpContext& ctx) {
     Shape scores{p.batch, p.q_heads, p.length, p.source};
     const std::vector<int64_t> s = ops::broadcast_strides(mask.meta.shape, scores);
     p.mask = mask.data;
-    p.mask_elem = code(mask.elem);
+    p.mask_elem = elem_code(mask.elem);
     p.mask_batch_stride = s[0];
     p.mask_head_stride = s[1];
     p.mask_row_stride = s[2];
@@ -534,7 +531,7 @@ std::optional<AttentionParams> attention_params(const OpContext& ctx) {
     p.cache_position_count = position.numel();
     p.positions_ready = slot < ctx.inputs_ready_at_start.size() && ctx.inputs_ready_at_start[slot];
   }
-  if (next != ctx.inputs.size() || !attention_supported(p, operand(k), operand(v))) return std::nullopt;
+  if (next != ctx.inputs.size() || !attention_supported(p, as_operand(k), as_operand(v))) return std::nullopt;
   return p;
 }
 
@@ -545,14 +542,14 @@ std::optional<Launch> attention_launch(const OpContext& ctx, const AttentionPara
   std::shared_ptr<DeviceBuffer> scratch;
   if (const int64_t floats = attention_scratch_floats(p); floats > 0) {
     scratch = std::make_shared<DeviceBuffer>(static_cast<size_t>(floats) * sizeof(float),
-                                             where(ctx.node) + ": attention partials");
+                                             describe_node(ctx.node) + ": attention partials");
     // The tiled kernel's run counters (at the end) start at zero; the last run of each head resets its own.
-    NPUSIM_CUDA_CHECK(cudaMemset(scratch->data(), 0, scratch->size()), where(ctx.node));
+    NPUSIM_CUDA_CHECK(cudaMemset(scratch->data(), 0, scratch->size()), describe_node(ctx.node));
   }
   return [node = &ctx.node, p, out, q, k, v, scratch](cudaStream_t stream) {
-    checked(launch_attention(stream, p, out.data, code(out.elem), operand(q), operand(k), operand(v),
-                             scratch ? reinterpret_cast<float*>(scratch->data()) : nullptr),
-            "launch_attention", *node);
+    check_launch(launch_attention(stream, p, out.data, elem_code(out.elem), as_operand(q), as_operand(k), as_operand(v),
+                                  scratch ? reinterpret_cast<float*>(scratch->data()) : nullptr),
+                 "launch_attention", *node);
   };
 }
 
@@ -578,12 +575,12 @@ std::optional<Launch> library_linear(const OpContext& ctx, int64_t m, int64_t n,
   Blas* blas = Blas::instance();
   if (!blas) return std::nullopt;
   const DeviceValue x = ctx.inputs[0], w = ctx.inputs[1], out = into ? *into : ctx.outputs[0];
-  const std::string label = where(ctx.node);
+  const std::string label = describe_node(ctx.node);
   GemmSpec spec;
   spec.rows = m;
   spec.cols = n;
   spec.depth = k;
-  spec.elem = code(out.elem);
+  spec.elem = elem_code(out.elem);
   spec.b_transposed = true;
   spec.accumulate = residual != nullptr;
   GemmOperands operands{x.data, w.data, residual ? residual->data : nullptr, nullptr, out.data};
@@ -601,8 +598,8 @@ std::optional<Launch> library_linear(const OpContext& ctx, int64_t m, int64_t n,
   return [node = &ctx.node, plan, label, m, n, out, bias](cudaStream_t stream) {
     plan->run(stream, label);
     if (bias.data)
-      checked(launch_bias_activation(stream, m, n, out.data, code(out.elem), bias, UnaryOp::Identity),
-              "launch_bias_activation", *node);
+      check_launch(launch_bias_activation(stream, m, n, out.data, elem_code(out.elem), bias, UnaryOp::Identity),
+                   "launch_bias_activation", *node);
   };
 }
 
@@ -613,19 +610,20 @@ std::optional<Launch> linear_op(const OpContext& ctx) {
   const int64_t n = w.meta.shape[0], k = w.meta.shape[1];
   if (x.meta.shape.back() != k || !cpu::is_float_elem(x.elem) || !cpu::is_float_elem(out.elem)) return std::nullopt;
   const int64_t m = k > 0 ? x.numel() / k : 0;
-  const Operand bias = ctx.inputs.size() == 3 ? operand(ctx.inputs[2]) : none();
+  const Operand bias = ctx.inputs.size() == 3 ? as_operand(ctx.inputs[2]) : none();
   const bool one_type = x.elem == w.elem && w.elem == out.elem;
   const bool aligned = reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
-  if (one_type && aligned && m == 1 && n > 0 && gemv_supports(k, code(out.elem))) {
+  if (one_type && aligned && m == 1 && n > 0 && gemv_supports(k, elem_code(out.elem))) {
     return [node = &ctx.node, n, k, x, w, out, bias](cudaStream_t stream) {
-      checked(launch_gemv(stream, n, k, out.data, code(out.elem), x.data, w.data, bias), "launch_gemv", *node);
+      check_launch(launch_gemv(stream, n, k, out.data, elem_code(out.elem), x.data, w.data, bias), "launch_gemv",
+                   *node);
     };
   }
   if (one_type && k > 0 && m > 0 && n > 0 && std::max({m, n, k}) < std::numeric_limits<int>::max())
     if (auto library = library_linear(ctx, m, n, k, bias)) return library;
   return [node = &ctx.node, m, n, k, x, w, out, bias](cudaStream_t stream) {
-    checked(launch_linear(stream, m, n, k, out.data, code(out.elem), operand(x), operand(w), bias), "launch_linear",
-            *node);
+    check_launch(launch_linear(stream, m, n, k, out.data, elem_code(out.elem), as_operand(x), as_operand(w), bias),
+                 "launch_linear", *node);
   };
 }
 
@@ -656,7 +654,7 @@ class ConvAsGemm {
     pointwise_ =
         p.kernel_h == 1 && p.kernel_w == 1 && p.stride_h == 1 && p.stride_w == 1 && p.pad_h == 0 && p.pad_w == 0;
     elem_bytes_ = static_cast<int64_t>(cpu::elem_size(out.elem));
-    label_ = where(ctx.node);
+    label_ = describe_node(ctx.node);
   }
 
   std::optional<Launch> make() {
@@ -715,7 +713,7 @@ class ConvAsGemm {
   }
 
   bool epilogue_fits() const {
-    const int elem = code(out_.elem);
+    const int elem = elem_code(out_.elem);
     return !p_.use_clamp && (p_.activation == UnaryOp::Identity || p_.activation == UnaryOp::Relu) &&
            (!bias_.data || bias_.elem == elem) && (!residual_.data || residual_.elem == elem);
   }
@@ -742,7 +740,7 @@ class ConvAsGemm {
       spec.rows = p_.out_channels;
       spec.cols = pixels_;
       spec.depth = v.depth;
-      spec.elem = code(out_.elem);
+      spec.elem = elem_code(out_.elem);
       spec.batch = std::min(chunk_, p_.batch - first);
       spec.b_batch_stride = pointwise_ ? sample_in() : v.depth * pixels_;
       spec.d_batch_stride = sample_out();
@@ -793,8 +791,8 @@ class ConvAsGemm {
     return time_on_stream(
         ctx_.stream,
         [&] {
-          checked(launch_conv_epilogue(ctx_.stream, p_, out_.data, code(out_.elem), bias_, residual_),
-                  "launch_conv_epilogue", ctx_.node);
+          check_launch(launch_conv_epilogue(ctx_.stream, p_, out_.data, elem_code(out_.elem), bias_, residual_),
+                       "launch_conv_epilogue", ctx_.node);
         },
         label_);
   }
@@ -805,15 +803,16 @@ class ConvAsGemm {
       for (const Chunk& chunk : v.chunks) {
         if (!self.pointwise_) {
           const Operand first_sample{self.x_.data + chunk.first * self.sample_in() * self.elem_bytes_,
-                                     code(self.x_.elem)};
-          checked(launch_im2col(stream, self.p_, chunk.count, v.depth, self.ctx_.scratch->data(), first_sample),
-                  "launch_im2col", *node);
+                                     elem_code(self.x_.elem)};
+          check_launch(launch_im2col(stream, self.p_, chunk.count, v.depth, self.ctx_.scratch->data(), first_sample),
+                       "launch_im2col", *node);
         }
         chunk.plan->run(stream, self.operands(v, chunk.first, row_bias), self.label_);
       }
       if (epilogue_kernel)
-        checked(launch_conv_epilogue(stream, self.p_, self.out_.data, code(self.out_.elem), self.bias_, self.residual_),
-                "launch_conv_epilogue", *node);
+        check_launch(launch_conv_epilogue(stream, self.p_, self.out_.data, elem_code(self.out_.elem), self.bias_,
+                                          self.residual_),
+                     "launch_conv_epilogue", *node);
     };
   }
 
@@ -842,8 +841,8 @@ std::optional<Launch> conv_as_gemm(const OpContext& ctx, const ConvParams& p, co
 Launch direct_conv(const OpContext& ctx, const ConvParams& p, const DeviceValue& x, const DeviceValue& w,
                    const DeviceValue& out, Operand bias, Operand residual) {
   return [node = &ctx.node, p, out, x, w, bias, residual](cudaStream_t stream) {
-    checked(launch_conv2d(stream, p, out.data, code(out.elem), operand(x), operand(w), bias, residual), "launch_conv2d",
-            *node);
+    check_launch(launch_conv2d(stream, p, out.data, elem_code(out.elem), as_operand(x), as_operand(w), bias, residual),
+                 "launch_conv2d", *node);
   };
 }
 
@@ -863,9 +862,9 @@ std::vector<ConvCandidate> conv_on_cudnn(const OpContext& ctx, const ConvParams&
   Cudnn* dnn = Cudnn::instance();
   if (!dnn || x.elem != w.elem || w.elem != out.elem || !cpu::is_float_elem(out.elem)) return candidates;
   if (!ctx.scratch || !ctx.stream) return candidates;
-  const CudnnConvRequest request{p, code(out.elem), x.data, w.data, out.data, bias, residual};
+  const CudnnConvRequest request{p, elem_code(out.elem), x.data, w.data, out.data, bias, residual};
   const bool has_epilogue = conv_has_epilogue(p, bias, residual);
-  const std::string label = where(ctx.node);
+  const std::string label = describe_node(ctx.node);
   for (const bool fused : {true, false}) {
     if (fused && !Cudnn::can_fuse(request)) continue;
     std::shared_ptr<const CudnnConvolution> plan;
@@ -882,10 +881,10 @@ std::vector<ConvCandidate> conv_on_cudnn(const OpContext& ctx, const ConvParams&
     const bool epilogue_kernel = !fused && has_epilogue;
     Launch launch = [node = &ctx.node, plan, scratch = ctx.scratch, p, out, bias, residual,
                      epilogue_kernel](cudaStream_t stream) {
-      plan->run(stream, scratch->data(), where(*node));
+      plan->run(stream, scratch->data(), describe_node(*node));
       if (epilogue_kernel)
-        checked(launch_conv_epilogue(stream, p, out.data, code(out.elem), bias, residual), "launch_conv_epilogue",
-                *node);
+        check_launch(launch_conv_epilogue(stream, p, out.data, elem_code(out.elem), bias, residual),
+                     "launch_conv_epilogue", *node);
     };
     candidates.push_back(
         {std::string("cuDNN ") + (fused ? "fused" : "+ epilogue") + " algo " + std::to_string(plan->algorithm()),
@@ -897,7 +896,7 @@ std::vector<ConvCandidate> conv_on_cudnn(const OpContext& ctx, const ConvParams&
 // The fastest candidate, each timed as a whole launch on the node's buffers (the output is overwritten).
 std::optional<Launch> fastest(const OpContext& ctx, std::vector<ConvCandidate> candidates) {
   if (candidates.empty()) return std::nullopt;
-  const std::string label = where(ctx.node);
+  const std::string label = describe_node(ctx.node);
   size_t best = 0;
   std::vector<double> times(candidates.size(), 0.0);
   if (candidates.size() > 1) {
@@ -964,8 +963,8 @@ std::optional<Launch> conv_op(const OpContext& ctx) {
       p.activation = *op;
     }
   }
-  const Operand bias = has_bias ? operand(ctx.inputs[2]) : none();
-  const Operand residual = has_residual ? operand(ctx.inputs.back()) : none();
+  const Operand bias = has_bias ? as_operand(ctx.inputs[2]) : none();
+  const Operand residual = has_residual ? as_operand(ctx.inputs.back()) : none();
   std::vector<ConvCandidate> candidates;
   const ConvPath path = conv_path_from_environment();
   if (path != ConvPath::Lt) candidates = conv_on_cudnn(ctx, p, x, w, out, bias, residual);
@@ -1008,7 +1007,8 @@ std::optional<Launch> max_pool_op(const OpContext& ctx) {
   p.dilation_w = dilation[1];
   if (p.in_h * p.in_w == 0) return std::nullopt;
   return [node = &ctx.node, p, out, x](cudaStream_t stream) {
-    checked(launch_max_pool2d(stream, p, out.data, code(out.elem), operand(x)), "launch_max_pool2d", *node);
+    check_launch(launch_max_pool2d(stream, p, out.data, elem_code(out.elem), as_operand(x)), "launch_max_pool2d",
+                 *node);
   };
 }
 
@@ -1023,8 +1023,9 @@ std::optional<Launch> adaptive_avg_pool_op(const OpContext& ctx) {
   if (in_h * in_w == 0 || out_h * out_w == 0) return std::nullopt;
   const int64_t planes = x.numel() / (in_h * in_w);
   return [node = &ctx.node, planes, in_h, in_w, out_h, out_w, out, x](cudaStream_t stream) {
-    checked(launch_adaptive_avg_pool2d(stream, planes, in_h, in_w, out_h, out_w, out.data, code(out.elem), operand(x)),
-            "launch_adaptive_avg_pool2d", *node);
+    check_launch(launch_adaptive_avg_pool2d(stream, planes, in_h, in_w, out_h, out_w, out.data, elem_code(out.elem),
+                                            as_operand(x)),
+                 "launch_adaptive_avg_pool2d", *node);
   };
 }
 
@@ -1080,10 +1081,10 @@ std::optional<RopeCacheJob> rope_job(const OpContext& ctx, const DeviceValue& x,
   job.ix = *ix;
   job.width = shape.back();
   job.out = out.data;
-  job.out_elem = code(out.elem);
-  job.x = operand(x);
-  job.cos = operand(ctx.inputs[1]);
-  job.sin = operand(ctx.inputs[2]);
+  job.out_elem = elem_code(out.elem);
+  job.x = as_operand(x);
+  job.cos = as_operand(ctx.inputs[1]);
+  job.sin = as_operand(ctx.inputs[2]);
   return job;
 }
 
@@ -1126,7 +1127,7 @@ std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx, const DeviceVa
     if (!outer_stride) outer_stride = source_strides[d];
     run = source_strides[d] * shape[d];
   }
-  job->x = operand(source);
+  job->x = as_operand(source);
   job->source_index_stride = source_strides[dim];
   job->source_outer_stride = outer_stride.value_or(0);
   return job;
@@ -1142,7 +1143,7 @@ std::optional<Launch> linear_with_residual(const OpContext& ctx, const DeviceVal
       x.elem != w.elem || w.elem != y.elem || residual.elem != y.elem || out.elem != y.elem ||
       residual.meta.shape != y.meta.shape || out.meta.shape != y.meta.shape || !cpu::is_float_elem(y.elem))
     return std::nullopt;
-  const Operand bias = ctx.inputs.size() == 3 ? operand(ctx.inputs[2]) : none();
+  const Operand bias = ctx.inputs.size() == 3 ? as_operand(ctx.inputs[2]) : none();
   return library_linear(ctx, m, n, k, bias, &residual, &out);
 }
 
@@ -1151,7 +1152,7 @@ std::optional<Launch> attention_with_heads_inner(const OpContext& ctx, const Dev
   if (!p) return std::nullopt;
   const DeviceValue& k = ctx.inputs[1];
   const DeviceValue& v = ctx.inputs[2];
-  if (!p->tensor_cores || k.elem != v.elem || !mma_attention_applies(*p, code(k.elem), k.data, v.data) ||
+  if (!p->tensor_cores || k.elem != v.elem || !mma_attention_applies(*p, elem_code(k.elem), k.data, v.data) ||
       out.numel() != ctx.outputs[0].numel() || out.elem != ctx.outputs[0].elem)
     return std::nullopt;
   p->heads_inner_output = true;
@@ -1195,6 +1196,12 @@ bool output_aliases_input(const Node& node, const Graph& graph) {
     last = d;
   }
   return true;
+}
+
+std::string describe_node(const Node& node) { return "node '" + node.name + "' (" + node.op + ")"; }
+
+void check_launch(cudaError_t result, const char* launcher, const Node& node) {
+  check_cuda(result, launcher, describe_node(node));
 }
 
 }  // namespace npusim::cuda

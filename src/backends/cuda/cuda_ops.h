@@ -43,6 +43,15 @@ struct OpContext {
   std::shared_ptr<SharedScratch> scratch;
 };
 
+// The element code the kernels take (device_kernels.h) for a storage element type.
+inline int elem_code(Elem elem) { return static_cast<int>(elem); }
+// A device value as a kernel operand.
+inline Operand as_operand(const DeviceValue& value) { return {value.data, elem_code(value.elem)}; }
+// "node 'NAME' (OP)", as errors name a node.
+std::string describe_node(const Node& node);
+// A launcher's result, checked: a failure throws npusim::Error naming the launcher and the node.
+void check_launch(cudaError_t result, const char* launcher, const Node& node);
+
 // Enqueues the node's work on the stream; throws npusim::Error when a launch fails.
 using Launch = std::function<void(cudaStream_t)>;
 using OpFactory = std::function<std::optional<Launch>(const OpContext&)>;
