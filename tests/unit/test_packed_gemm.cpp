@@ -396,6 +396,66 @@ TEST(PackedGemm, Im2colOperandWithWideKernels) {
   set_gemm_kernel_choice(GemmKernelChoice::Best);
 }
 
+// Products whose workers split the rows pack B once for all of them (a strided B, and a convolution's patches
+// gathered while packing, straight and from stride phases): every element equals the one-thread product.
+TEST(PackedGemm, BPackedOnceForAllWorkers) {
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case& c : {Case{256, 196, 1024}, Case{512, 49, 2048}, Case{512, 784, 128}}) {
+    const std::vector<float> a = values(c.m, c.k, 3), b = values(c.k, c.n, 5);
+    const std::vector<std::byte> a_bytes = store(a, c.m, c.k, Elem::F32, c.k, false);
+    const std::vector<std::byte> b_bytes = store(b, c.k, c.n, Elem::F32, c.n, false);
+    const PackedMatrix packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), Elem::F32, c.m, c.k);
+    std::vector<float> expected;
+    for (int threads : {1, 2, 3}) {
+      ThreadPool pool(threads);
+      ScratchSpace scratch;
+      PackedGemm gemm({.m = c.m, .n = c.n, .k = c.k, .a_prepacked = true}, scratch);
+      scratch.allocate(pool.size());
+      if (threads != 3) EXPECT_EQ(gemm.packs_b_once(threads), threads == 2) << c.m << "x" << c.n << "x" << c.k;
+      std::vector<float> out(static_cast<size_t>(c.m * c.n), kNaN);
+      gemm.run(&packed, StridedOperand{b_bytes.data(), Elem::F32, c.n},
+               {reinterpret_cast<std::byte*>(out.data()), Elem::F32, c.n}, {}, pool, scratch);
+      if (threads == 1) {
+        expected = out;
+        for (float value : out) ASSERT_FALSE(std::isnan(value));
+        continue;
+      }
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], expected[i]) << "element " << i << " on " << threads;
+    }
+  }
+  // A 3x3 stride-2 convolution over a 14x14 input (7x7 outputs, as in layer 4 of a ResNet): patches gathered
+  // straight and from stride phases.
+  Im2colOperand s{nullptr, 128, 14, 14, 3, 3, 2, 2, 1, 1, 1, 1, 7, 7};
+  const std::vector<float> input = values(128, 14 * 14, 8);
+  s.input = input.data();
+  std::vector<float> phases(static_cast<size_t>(im2col_phase_floats(s)));
+  const int64_t m = 256, k = 128 * 9;
+  const std::vector<float> a = values(m, k, 9);
+  const std::vector<std::byte> a_bytes = store(a, m, k, Elem::F32, k, false);
+  std::vector<float> expected;
+  for (bool phased : {false, true})
+    for (int threads : {1, 2}) {
+      ThreadPool pool(threads);
+      Im2colOperand operand = s;
+      if (phased) {
+        split_im2col_phases(s, phases.data(), &pool);
+        operand.phases = phases.data();
+      }
+      ScratchSpace scratch;
+      PackedGemm gemm({.m = m, .n = 49, .k = k, .a_prepacked = true}, scratch);
+      EXPECT_EQ(gemm.packs_b_once(threads), threads > 1);
+      const std::vector<float> c = prepacked_times_patches(a_bytes, m, k, operand, pool);
+      if (expected.empty()) {
+        expected = c;
+        continue;
+      }
+      for (size_t i = 0; i < c.size(); ++i)
+        ASSERT_EQ(c[i], expected[i]) << "element " << i << (phased ? " from phases" : "") << " on " << threads;
+    }
+}
+
 TEST(PackedGemm, MismatchedOperandsAreErrors) {
   ThreadPool pool(1);
   ScratchSpace scratch;

@@ -32,6 +32,11 @@ constexpr int64_t kPackedBBlockBytes = 3 << 19;  // an on-the-fly B block [k, nc
 // ... unless k is so deep that this leaves fewer columns: A is packed again for every column block.
 constexpr int64_t kMinPackedBColumns = 128;
 constexpr int64_t kMinMacsPerThread = int64_t{1} << 19;  // below this, waking a worker costs more than it saves
+// B packed once for all workers (in worker 0's scratch) when the whole of it fits this, so that workers splitting the
+// rows do not each pack all of it.
+constexpr int64_t kSharedPackedBBytes = 3 << 19;
+// What the extra pass over the pool (packing, then the product) costs, in multiply-adds of one worker.
+constexpr double kPassCost = 2e5;
 // Whether Best picks the AVX-512 kernels where the CPU has them (on Zen 4, which splits each 512-bit FMA in two,
 // they only save instructions).
 constexpr bool kPreferAvx512 = true;
@@ -1019,7 +1024,10 @@ PackedGemm::PackedGemm(const GemmSpec& spec, ScratchSpace& scratch) : spec_(spec
   }
   int64_t floats = mc_ * nc_ + mc_ * kc_;
   if (!spec.b_prepacked) floats += spec.k * nc_;
-  scratch.reserve_per_worker(static_cast<size_t>(floats) * sizeof(float));
+  const int64_t whole_b = spec.k * round_up(std::max<int64_t>(spec.n, 1), NR);
+  if (spec.a_prepacked && !spec.b_prepacked && whole_b * static_cast<int64_t>(sizeof(float)) <= kSharedPackedBBytes)
+    shared_b_floats_ = whole_b;
+  scratch.reserve_per_worker(static_cast<size_t>(floats + shared_b_floats_) * sizeof(float));
 }
 
 namespace {
@@ -1029,6 +1037,7 @@ int64_t split(int64_t panels, int64_t parts, int64_t index) { return panels * in
 
 struct Grid {
   int64_t rows = 1, cols = 1;
+  bool shared_b = false;  // B packed once into worker 0's scratch for every piece, in a pass of its own
 };
 
 // The multiply-adds of the busiest of `parts` runs of `panels` panels `width` lines wide, in lines, a last partial
@@ -1048,8 +1057,10 @@ int64_t busiest_part(int64_t panels, int64_t parts, int64_t width, int64_t rest,
 // narrower tiles of a last partial panel save (a single last column costs a quarter of a panel, as the 7x7 images'
 // 49 columns leave), the packing each worker repeats for its own columns and, when an operand is too large for the
 // caches, its reads of it (A once per column block, a prepacked B once per row block), which memory bandwidth makes
-// far dearer than multiply-adds.
-Grid choose_grid(int64_t threads, const GemmSpec& s, int64_t mc, int64_t nc, bool streams_a, bool streams_b) {
+// far dearer than multiply-adds. With `can_share_b`, B may instead be packed once by all workers together in a pass
+// before the product (kPassCost more), so that workers splitting the rows do not each pack the whole of it.
+Grid choose_grid(int64_t threads, const GemmSpec& s, int64_t mc, int64_t nc, bool streams_a, bool streams_b,
+                 bool can_share_b) {
   const int64_t m = s.m, n = s.n, k = s.k;
   const int64_t row_panels = ceil_div(m, MR), col_panels = ceil_div(n, NR);
   const int64_t row_rest = m % MR, col_rest = n % NR;
@@ -1062,15 +1073,33 @@ Grid choose_grid(int64_t threads, const GemmSpec& s, int64_t mc, int64_t nc, boo
     const int64_t height = ceil_div(row_panels, rows) * MR, width = ceil_div(col_panels, cols) * NR;
     double cost = static_cast<double>(busiest_part(row_panels, rows, MR, row_rest, row_tail)) *
                   static_cast<double>(busiest_part(col_panels, cols, NR, col_rest, col_tail)) * static_cast<double>(k);
-    if (!s.b_prepacked) cost += 8.0 * static_cast<double>(width * k);
     if (streams_a) cost += 16.0 * static_cast<double>(height * k * ceil_div(width, nc));
     if (streams_b) cost += 16.0 * static_cast<double>(width * k * ceil_div(height, mc));
-    if (best_cost < 0 || cost < best_cost) {
-      best_cost = cost;
-      best = {rows, cols};
+    const double own_packing = s.b_prepacked ? 0.0 : 8.0 * static_cast<double>(width * k);
+    if (best_cost < 0 || cost + own_packing < best_cost) {
+      best_cost = cost + own_packing;
+      best = {rows, cols, false};
+    }
+    const double shared_packing =
+        8.0 * static_cast<double>(col_panels * NR * k) / static_cast<double>(threads) + kPassCost;
+    if (can_share_b && rows * cols > 1 && cost + shared_packing < best_cost) {
+      best_cost = cost + shared_packing;
+      best = {rows, cols, true};
     }
   }
   return best;
+}
+
+// The split of a product over a pool of `pool_threads`: as many workers as its size justifies, then choose_grid.
+Grid plan_grid(const GemmSpec& s, int64_t pool_threads, int64_t mc, int64_t nc, bool can_share_b) {
+  const int64_t work = s.m * s.n * std::max<int64_t>(s.k, 1);
+  int64_t threads = std::min<int64_t>(pool_threads, std::max<int64_t>(1, work / kMinMacsPerThread));
+  if (s.max_threads > 0) threads = std::min<int64_t>(threads, s.max_threads);
+  constexpr int64_t kCachedBytes = int64_t{2} << 20;  // operands larger than this come from memory
+  const int64_t a_bytes = s.m * s.k * static_cast<int64_t>(sizeof(float));
+  const int64_t b_bytes = s.k * s.n * static_cast<int64_t>(sizeof(float));
+  return choose_grid(threads, s, mc, nc, !s.a_prepacked || a_bytes > kCachedBytes,
+                     s.b_prepacked && b_bytes > kCachedBytes, can_share_b);
 }
 
 void check_operand(const GemmOperand& operand, GemmSide side, bool prepacked, int64_t rows, int64_t cols) {
@@ -1121,8 +1150,9 @@ bool bf16_pair_operands(const Operands& ops) {
   return a && b && a->elem == Elem::BF16 && !a->transposed && b->elem == Elem::BF16 && b->transposed;
 }
 
+// `shared_b`, when given, holds all of B packed (panel p at p * k * NR) and the region packs none of it.
 void run_region(const Region& region, const Operands& ops, const GemmSpec& spec, int64_t kc, int64_t mc, int64_t nc,
-                const WorkerBuffers& buffers, GemmKernelChoice kernel) {
+                const WorkerBuffers& buffers, GemmKernelChoice kernel, const float* shared_b = nullptr) {
   const bool avx2 = kernel != GemmKernelChoice::Portable;
 #ifdef NPUSIM_GEMM_X86
   const bool avx512 = kernel == GemmKernelChoice::Avx512;
@@ -1180,7 +1210,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
       continue;
     }
 #endif
-    if (!packed_b) {
+    if (!packed_b && !shared_b) {
       if (const auto* s = std::get_if<StridedOperand>(&ops.b))
         pack_b_strided(*s, k, jc, cols, buffers.b_block, avx2);
       else
@@ -1199,8 +1229,9 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
             pack_a_strided(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, buffers.a_block, avx2);
         }
         auto b_panel = [&](int64_t jr) {
-          return packed_b ? packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es
-                          : reinterpret_cast<const std::byte*>(buffers.b_block + jr / NR * k * NR + pc * NR);
+          if (packed_b) return packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es;
+          if (shared_b) return reinterpret_cast<const std::byte*>(shared_b + ((jc + jr) / NR * k + pc) * NR);
+          return reinterpret_cast<const std::byte*>(buffers.b_block + jr / NR * k * NR + pc * NR);
         };
         auto a_panel = [&](int64_t ir) {
           return direct_a ? reinterpret_cast<const float*>(packed_a->panel((ic + ir) / MR)) + pc * MR
@@ -1255,17 +1286,11 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
   const GemmSpec& s = spec_;
   if (s.m == 0 || s.n == 0) return;
   check(a, b, c, epilogue);
-  const int64_t work = s.m * s.n * std::max<int64_t>(s.k, 1);
-  int64_t threads = std::min<int64_t>(pool.size(), std::max<int64_t>(1, work / kMinMacsPerThread));
-  if (s.max_threads > 0) threads = std::min<int64_t>(threads, s.max_threads);
-  constexpr int64_t kCachedBytes = int64_t{2} << 20;  // operands larger than this come from memory
-  const int64_t a_bytes = s.m * s.k * static_cast<int64_t>(sizeof(float));
-  const int64_t b_bytes = s.k * s.n * static_cast<int64_t>(sizeof(float));
-  const Grid grid = choose_grid(threads, s, mc_, nc_, !s.a_prepacked || a_bytes > kCachedBytes,
-                                s.b_prepacked && b_bytes > kCachedBytes);
+  const Grid grid = plan_grid(s, pool.size(), mc_, nc_, shared_b_floats_ > 0);
   const int64_t row_panels = ceil_div(s.m, MR), col_panels = ceil_div(s.n, NR);
   const GemmKernelChoice kernel = active_kernel();
   const Operands ops{a, b, c, epilogue};
+  float* shared_b = nullptr;
   auto work_on = [&](int64_t index, int worker) {
     const int64_t r = index / grid.cols, q = index % grid.cols;
     Region region{split(row_panels, grid.rows, r) * MR, std::min(s.m, split(row_panels, grid.rows, r + 1) * MR),
@@ -1273,8 +1298,20 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
     if (region.row0 >= region.row1 || region.col0 >= region.col1) return;
     float* base = scratch.worker_as<float>(worker);
     const WorkerBuffers buffers{base, base + mc_ * nc_, base + mc_ * nc_ + mc_ * kc_};
-    run_region(region, ops, s, kc_, mc_, nc_, buffers, kernel);
+    run_region(region, ops, s, kc_, mc_, nc_, buffers, kernel, shared_b);
   };
+  if (grid.shared_b) {
+    shared_b = shared_b_of(scratch);
+    const bool avx2 = kernel != GemmKernelChoice::Portable;
+    pool.parallel_for(col_panels, 1, [&](int64_t first, int64_t last, int) {
+      const int64_t col0 = first * NR, cols = std::min(s.n, last * NR) - col0;
+      float* dst = shared_b + first * s.k * NR;
+      if (const auto* strided = std::get_if<StridedOperand>(&b))
+        pack_b_strided(*strided, s.k, col0, cols, dst, avx2);
+      else
+        pack_b_im2col(std::get<Im2colOperand>(b), s.k, col0, cols, dst, avx2);
+    });
+  }
   const int64_t pieces = grid.rows * grid.cols;
   if (pieces == 1) {
     work_on(0, 0);
@@ -1283,6 +1320,15 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
   pool.parallel_for(pieces, 1, [&](int64_t begin, int64_t end, int worker) {
     for (int64_t index = begin; index < end; ++index) work_on(index, worker);
   });
+}
+
+bool PackedGemm::packs_b_once(int threads) const {
+  return spec_.m > 0 && spec_.n > 0 && plan_grid(spec_, threads, mc_, nc_, shared_b_floats_ > 0).shared_b;
+}
+
+float* PackedGemm::shared_b_of(const ScratchSpace& scratch) const {
+  const int64_t own = mc_ * nc_ + mc_ * kc_ + (spec_.b_prepacked ? 0 : spec_.k * nc_);
+  return scratch.worker_as<float>(0) + own;
 }
 
 void PackedGemm::run_on_worker(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c,

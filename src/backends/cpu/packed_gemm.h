@@ -175,12 +175,19 @@ class PackedGemm {
   void run_on_worker(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c, const GemmEpilogue& epilogue,
                      int worker, const ScratchSpace& scratch) const;
   const GemmSpec& spec() const { return spec_; }
+  // Whether a run over a pool of `threads` packs B once for all its workers, in a pass before the product, instead
+  // of each worker packing the columns it multiplies (for tests and measurements).
+  bool packs_b_once(int threads) const;
 
  private:
   void check(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c, const GemmEpilogue& epilogue) const;
 
+  // Where worker 0's scratch holds B packed whole for every worker (after the worker's own buffers).
+  float* shared_b_of(const ScratchSpace& scratch) const;
+
   GemmSpec spec_;
   int64_t kc_ = 0, mc_ = 0, nc_ = 0;  // cache blocking: depth, rows and columns per block
+  int64_t shared_b_floats_ = 0;       // B packed whole, when it may be shared (0: never)
 };
 
 // Sums [rows, cols] (row stride ld_sums, changed in place) through `epilogue` into C at (row0, col0), the way a
