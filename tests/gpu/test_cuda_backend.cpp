@@ -157,6 +157,8 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("max_pool2d", {f({2, 7, 8})},
                        attrs({{"kernel_size", L({2, 3})}, {"ceil_mode", B(true)}, {"dilation", L({2})}}),
                        "ceil dilation"));
+  cases.push_back(make("max_pool2d", {f({1, 70001, 3, 2})}, attrs({{"kernel_size", L({2})}, {"padding", L({1})}}),
+                       "more planes than a grid's rows"));
   cases.push_back(make("adaptive_avg_pool2d", {f({1, 3, 7, 9})}, attrs({{"output_size", L({3, 4})}})));
   cases.push_back(make("adaptive_avg_pool2d", {f({1, 512, 7, 7})}, attrs({{"output_size", L({1})}}), "global"));
   cases.push_back(make("softmax", {f({7, 33})}, attrs({{"dim", I(-1)}})));
@@ -344,6 +346,16 @@ std::vector<Case> gemm_conv_cases() {
              "64 channels bias residual relu" + b));
     cases.push_back(make("fused_conv2d", {f({batch, 64, 8, 8}), w({128, 64, 1, 1}), w({128})},
                          attrs({{"has_bias", B(true)}, {"activation", S("relu")}}), "aligned pointwise bias relu" + b));
+    // Outputs whose rows are whole 16-byte vectors in half precision (the elementwise epilogue's vector form).
+    cases.push_back(make("fused_conv2d", {f({batch, 5, 8, 8}), w({7, 5, 1, 1}), w({7}), f({batch, 7, 8, 8})},
+                         bias_residual_relu, "pointwise 8x8 bias residual relu" + b));
+    cases.push_back(make("fused_conv2d", {f({batch, 5, 4, 6}), w({7, 5, 3, 3}), w({7})},
+                         attrs({{"padding", L({1})},
+                                {"has_bias", B(true)},
+                                {"activation", S("hardtanh")},
+                                {"min_val", F(-0.5)},
+                                {"max_val", F(1.5)}}),
+                         "3x3 4x6 bias clamp" + b));
   }
   return cases;
 }
