@@ -161,6 +161,8 @@ std::vector<Case> nn_cases() {
                        "more planes than a grid's rows"));
   cases.push_back(make("adaptive_avg_pool2d", {f({1, 3, 7, 9})}, attrs({{"output_size", L({3, 4})}})));
   cases.push_back(make("adaptive_avg_pool2d", {f({1, 512, 7, 7})}, attrs({{"output_size", L({1})}}), "global"));
+  cases.push_back(
+      make("adaptive_avg_pool2d", {f({3, 70, 5, 3})}, attrs({{"output_size", L({1, 1})}}), "global, planes of 15"));
   cases.push_back(make("softmax", {f({7, 33})}, attrs({{"dim", I(-1)}})));
   cases.push_back(make("softmax", {f({130, 513})}, attrs({{"dim", I(1)}}), "wide"));
   cases.push_back(fallback(make("softmax", {f({3, 7, 5})}, attrs({{"dim", I(1)}}), "middle dim")));

@@ -130,14 +130,19 @@ class CudaPreparedProgram final : public PreparedProgram {
   NamedTensors run(const std::map<std::string, Tensor>& inputs) override {
     if (options_.poison_memory)
       NPUSIM_CUDA_CHECK(launch_fill_bytes(stream_, arena_.data(), 0xff, arena_.size()), graph_.source + ": poisoning");
-    copy_inputs(inputs);
+    stage_inputs(inputs);
     if (can_capture() && !graph_exec_ && runs_ > 0) capture();
-    if (graph_exec_) {
-      NPUSIM_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_), graph_.source + ": replaying the CUDA graph");
+    if (run_exec_) {
+      NPUSIM_CUDA_CHECK(cudaGraphLaunch(run_exec_, stream_), graph_.source + ": replaying the CUDA graph");
     } else {
-      enqueue_all(profiling_);
+      enqueue_input_copies();
+      if (graph_exec_)
+        NPUSIM_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_), graph_.source + ": replaying the CUDA graph");
+      else
+        enqueue_all(profiling_);
+      enqueue_output_copies();
     }
-    NamedTensors outputs = collect_outputs();
+    NamedTensors outputs = finish_outputs();
     if (profiling_ && !graph_exec_) read_timings();
     ++runs_;
     return outputs;
@@ -158,7 +163,7 @@ class CudaPreparedProgram final : public PreparedProgram {
       if (k.host) nodes.push_back(node_label(*k.node));
     return nodes;
   }
-  bool replays_graph() const { return graph_exec_ != nullptr; }
+  bool replays_graph() const { return run_exec_ != nullptr; }  // the whole run, copies included, as one graph
   const std::string& capture_failure() const { return capture_failure_; }
   size_t graph_nodes() const { return graph_exec_ ? graph_nodes_ : 0; }
 
@@ -412,10 +417,55 @@ class CudaPreparedProgram final : public PreparedProgram {
       graph_exec_ = nullptr;
       options_.use_graphs = false;
     }
+    if (graph_exec_) build_run_graph(graph);
     if (graph) cudaGraphDestroy(graph);
   }
 
+  // The whole run as one submission: the inputs' copies in, the captured kernels (a child graph), the outputs' and
+  // error flags' copies out. The kernels keep their own executable graph, which time_replays times as the PyTorch peer
+  // times its graph. Where the run graph cannot be made, runs enqueue the copies around the kernels' graph.
+  void build_run_graph(cudaGraph_t kernels) {
+    cudaGraph_t run = nullptr;
+    if (const cudaError_t made = cudaGraphCreate(&run, 0); made != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    cudaError_t status = cudaSuccess;
+    std::vector<cudaGraphNode_t> copies_in;
+    for (size_t input = 0; input < graph_.inputs.size() && status == cudaSuccess; ++input) {
+      const PinnedBuffer& staged = input_staging_[input];
+      if (staged.size() == 0) continue;
+      cudaGraphNode_t node = nullptr;
+      status = cudaGraphAddMemcpyNode1D(&node, run, nullptr, 0, value_at(graph_.inputs[input]).data, staged.data(),
+                                        staged.size(), cudaMemcpyHostToDevice);
+      copies_in.push_back(node);
+    }
+    cudaGraphNode_t body = nullptr;
+    if (status == cudaSuccess)
+      status = cudaGraphAddChildGraphNode(&body, run, copies_in.data(), copies_in.size(), kernels);
+    for (size_t output = 0; output < graph_.outputs.size() && status == cudaSuccess; ++output) {
+      const PinnedBuffer& staged = output_staging_[output];
+      if (staged.size() == 0) continue;
+      cudaGraphNode_t node = nullptr;
+      status = cudaGraphAddMemcpyNode1D(&node, run, &body, 1, staged.data(), value_at(graph_.outputs[output]).data,
+                                        staged.size(), cudaMemcpyDeviceToHost);
+    }
+    cudaGraphNode_t flags = nullptr;
+    if (status == cudaSuccess)
+      status = cudaGraphAddMemcpyNode1D(&flags, run, &body, 1, flag_staging_.data(), flags_.data(), flags_.size(),
+                                        cudaMemcpyDeviceToHost);
+    if (status == cudaSuccess) status = cudaGraphInstantiate(&run_exec_, run, 0);
+    if (status != cudaSuccess) {
+      cudaGetLastError();
+      run_exec_ = nullptr;
+      capture_failure_ = std::string("the run's graph (copies around the kernels): ") + cudaGetErrorString(status);
+    }
+    cudaGraphDestroy(run);
+  }
+
   void release_graph() {
+    if (run_exec_) cudaGraphExecDestroy(run_exec_);
+    run_exec_ = nullptr;
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     graph_exec_ = nullptr;
   }
@@ -465,7 +515,9 @@ class CudaPreparedProgram final : public PreparedProgram {
     flag_staging_ = PinnedBuffer(flags_.size(), graph_.source + ": error flags");
   }
 
-  void copy_inputs(const std::map<std::string, Tensor>& inputs) {
+  // Checks the inputs and converts each into its page-locked staging buffer (copied to the device by the run's graph
+  // or by enqueue_input_copies).
+  void stage_inputs(const std::map<std::string, Tensor>& inputs) {
     for (const auto& [name, tensor] : inputs) find_graph_io(graph_, graph_.inputs, name, "input");
     if (state_.empty()) check_inputs(graph_, inputs);
     for (size_t input = 0; input < graph_.inputs.size(); ++input) {
@@ -484,17 +536,24 @@ class CudaPreparedProgram final : public PreparedProgram {
       if (reference_dtype(tensor.dtype()) != reference_dtype(value.meta.dtype))
         fail("input '" + value.name + "' has dtype " + std::string(dtype_name(tensor.dtype())) +
              ", the graph expects " + std::string(dtype_name(value.meta.dtype)));
-      const DeviceValue in = value_at(id);
       const PinnedBuffer& staged = input_staging_[input];
       if (staged.size() == 0) continue;
-      // The previous run's copy out of the staging buffer has finished: collect_outputs synchronized the stream.
-      cpu::tensor_to_storage(tensor, staged.data(), in.elem);
-      NPUSIM_CUDA_CHECK(cudaMemcpyAsync(in.data, staged.data(), staged.size(), cudaMemcpyHostToDevice, stream_),
-                        graph_.source + ": copying input '" + value.name + "'");
+      // The previous run's copy out of the staging buffer has finished: finish_outputs synchronized the stream.
+      cpu::tensor_to_storage(tensor, staged.data(), elem_of(id));
     }
   }
 
-  NamedTensors collect_outputs() {
+  void enqueue_input_copies() {
+    for (size_t input = 0; input < graph_.inputs.size(); ++input) {
+      const PinnedBuffer& staged = input_staging_[input];
+      if (staged.size() == 0) continue;
+      NPUSIM_CUDA_CHECK(cudaMemcpyAsync(value_at(graph_.inputs[input]).data, staged.data(), staged.size(),
+                                        cudaMemcpyHostToDevice, stream_),
+                        graph_.source + ": copying input '" + graph_.value(graph_.inputs[input]).name + "'");
+    }
+  }
+
+  void enqueue_output_copies() {
     for (size_t output = 0; output < graph_.outputs.size(); ++output) {
       const PinnedBuffer& staged = output_staging_[output];
       if (staged.size() > 0)
@@ -505,6 +564,10 @@ class CudaPreparedProgram final : public PreparedProgram {
     NPUSIM_CUDA_CHECK(
         cudaMemcpyAsync(flag_staging_.data(), flags_.data(), flags_.size(), cudaMemcpyDeviceToHost, stream_),
         graph_.source + ": reading the error flags");
+  }
+
+  // Waits for the run and converts its outputs out of their staging buffers.
+  NamedTensors finish_outputs() {
     NPUSIM_CUDA_CHECK(cudaStreamSynchronize(stream_), graph_.source + ": running the program");
     check_error_flags(reinterpret_cast<const int*>(flag_staging_.data()));
     NamedTensors outputs;
@@ -585,7 +648,8 @@ class CudaPreparedProgram final : public PreparedProgram {
   std::vector<KernelTiming> timings_;
   std::shared_ptr<SharedScratch> scratch_;  // shared by the launches, e.g. im2col's columns
   std::vector<cudaEvent_t> events_;
-  cudaGraphExec_t graph_exec_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;  // the kernels
+  cudaGraphExec_t run_exec_ = nullptr;    // the whole run: copies in, the kernels, copies out
   size_t graph_nodes_ = 0;
   std::string capture_failure_;  // why the run could not be captured, when it could not
   int64_t runs_ = 0;

@@ -492,6 +492,21 @@ __global__ void adaptive_avg_pool_kernel(int64_t n, int64_t in_h, int64_t in_w, 
   }
 }
 
+// Global average pooling (one output per plane): a warp per plane, its lanes striding over the plane's values.
+template <typename T>
+__global__ void global_avg_pool_kernel(int64_t planes, int plane_size, T* out, const T* x) {
+  const int64_t warps = gridDim.x * static_cast<int64_t>(blockDim.x) / 32;
+  // The plane is the same for a warp's lanes: the warp leaves the loop together.
+  for (int64_t plane = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; plane < planes;
+       plane += warps) {
+    const T* in = x + plane * plane_size;
+    float sum = 0.0f;
+    for (int i = static_cast<int>(threadIdx.x % 32); i < plane_size; i += 32) sum += to_float(in[i]);
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (threadIdx.x % 32 == 0) out[plane] = from_float<T>(sum / static_cast<float>(plane_size));
+  }
+}
+
 // One thread per (sample, row, pixel) on a 3D grid (pixels, rows, samples), so that the index arithmetic is 32-bit
 // and the row's channel and tap are computed once per thread without 64-bit divisions.
 __global__ void im2col_kernel(ConvParams p, int rows, int depth, void* col, Operand x) {
@@ -827,8 +842,21 @@ cudaError_t launch_max_pool2d(cudaStream_t stream, const PoolParams& p, void* ou
 
 cudaError_t launch_adaptive_avg_pool2d(cudaStream_t stream, int64_t planes, int64_t in_h, int64_t in_w, int64_t out_h,
                                        int64_t out_w, void* out, int out_elem, Operand x) {
-  const int64_t n = planes * out_h * out_w;
-  if (n > 0)
+  const int64_t n = planes * out_h * out_w, plane_size = in_h * in_w;
+  if (n <= 0) return cudaGetLastError();
+  const bool global =
+      out_h == 1 && out_w == 1 && plane_size > 0 && plane_size < (int64_t{1} << 31) && x.elem == out_elem;
+  if (global && out_elem == kF16)
+    global_avg_pool_kernel<__half><<<blocks_for(planes * 32), kThreads, 0, stream>>>(
+        planes, static_cast<int>(plane_size), static_cast<__half*>(out), static_cast<const __half*>(x.data));
+  else if (global && out_elem == kBF16)
+    global_avg_pool_kernel<__nv_bfloat16><<<blocks_for(planes * 32), kThreads, 0, stream>>>(
+        planes, static_cast<int>(plane_size), static_cast<__nv_bfloat16*>(out),
+        static_cast<const __nv_bfloat16*>(x.data));
+  else if (global && out_elem == kF32)
+    global_avg_pool_kernel<float><<<blocks_for(planes * 32), kThreads, 0, stream>>>(
+        planes, static_cast<int>(plane_size), static_cast<float*>(out), static_cast<const float*>(x.data));
+  else
     adaptive_avg_pool_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, in_h, in_w, out_h, out_w, out, out_elem, x);
   return cudaGetLastError();
 }
