@@ -37,15 +37,16 @@ class CudaBackend : public Backend {
   CudaOptions options_;
 };
 
-// Whether a prepared program of this backend replays a captured CUDA graph (false before its first run).
+// Whether a prepared program of this backend runs as one CUDA graph launch: its captured kernels with the copies of
+// its inputs and outputs (false before its second run).
 bool replays_graph(const PreparedProgram& program);
-// The nodes (kernels, copies, memsets) of its captured CUDA graph: what one replay launches; 0 before capture.
+// The nodes (kernels, memsets) of its captured kernels' graph, without the run's copies; 0 before capture.
 size_t captured_graph_nodes(const PreparedProgram& program);
 // The device time of one replay of its captured graph (inputs as the last run left them, no copies in or out, no
 // host synchronization between replays), in milliseconds over `replays` back-to-back replays; fails before capture.
 double graph_replay_milliseconds(PreparedProgram& program, int replays);
-// Why its run could not be captured into a CUDA graph (it then runs launch by launch); empty when it was or has not
-// been tried.
+// Why its run could not be captured into a CUDA graph (it then runs launch by launch) or its copies not wrapped
+// around that graph (they are then enqueued on their own); empty when both were done or not yet tried.
 std::string graph_capture_failure(const PreparedProgram& program);
 
 // Whether convolutions may run on cuDNN here (libcudnn.so.9 loaded), and how many convolutions of the programs
