@@ -51,15 +51,7 @@ std::vector<std::pair<ValueId, Tensor>> bind_weights(const Graph& graph, const A
   if (args.value("random-weights")) {
     if (!args.values("weights").empty()) fail("npusim: give either --weights or --random-weights, not both");
     const auto seed = static_cast<uint64_t>(args.integer("random-weights", 0, 0, INT64_MAX));
-    std::vector<std::pair<ValueId, Tensor>> weights;
-    for (ValueId id : graph.weights) {
-      const Value& value = graph.value(id);
-      if (value.transform) continue;
-      if (graph.constants.count(value.weight_key))
-        weights.emplace_back(id, graph.constants.at(value.weight_key));
-      else
-        weights.emplace_back(id, random_weight(value, seed));
-    }
+    std::vector<std::pair<ValueId, Tensor>> weights = random_weights(graph, seed);
     if (derived == DerivedWeights::Computed) add_derived_weights(graph, weights);
     return weights;
   }

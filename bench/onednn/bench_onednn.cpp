@@ -134,12 +134,7 @@ int main(int argc, char** argv) {
   }
   try {
     const npusim::Program program = npusim::compiler::compile_graph(npusim::read_torch_ir(argv[1]), {});
-    std::vector<std::pair<npusim::ValueId, npusim::Tensor>> weights;
-    for (npusim::ValueId id : program.graph.weights) {
-      const npusim::Value& value = program.graph.value(id);
-      if (value.transform || program.graph.constants.count(value.weight_key)) continue;
-      weights.emplace_back(id, npusim::random_weight(value, 7));
-    }
+    std::vector<std::pair<npusim::ValueId, npusim::Tensor>> weights = npusim::random_weights(program.graph, 7);
     npusim::add_derived_weights(program.graph, weights);
     auto prepared = npusim::cpu::CpuBackend({.threads = threads}).prepare(program, weights);
     std::map<std::string, npusim::Tensor> inputs;

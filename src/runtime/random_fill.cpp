@@ -39,6 +39,17 @@ Tensor random_weight(const Value& weight, uint64_t seed) {
   return out;
 }
 
+std::vector<std::pair<ValueId, Tensor>> random_weights(const Graph& graph, uint64_t seed) {
+  std::vector<std::pair<ValueId, Tensor>> weights;
+  for (ValueId id : graph.weights) {
+    const Value& value = graph.value(id);
+    if (value.transform) continue;
+    const auto constant = graph.constants.find(value.weight_key);
+    weights.emplace_back(id, constant != graph.constants.end() ? constant->second : random_weight(value, seed));
+  }
+  return weights;
+}
+
 Tensor random_input(const Value& input, uint64_t seed) {
   Tensor out(DType::Float32, input.meta.shape);
   if (input.meta.dtype == DType::Bool) {

@@ -23,21 +23,27 @@ std::vector<Tensor> check_inputs(const Graph& graph, const std::map<std::string,
     }
   }
   std::vector<Tensor> ordered;
-  for (ValueId id : graph.inputs) {
-    const Value& value = graph.value(id);
-    auto it = inputs.find(value.name);
-    if (it == inputs.end()) fail("missing input '" + value.name + "' " + shape_string(value.meta.shape) + " " +
-                                 std::string(dtype_name(value.meta.dtype)));
-    const Tensor& tensor = it->second;
-    if (tensor.shape() != value.meta.shape)
-      fail("input '" + value.name + "' has shape " + shape_string(tensor.shape()) + ", the graph expects " +
-           shape_string(value.meta.shape));
-    if (reference_dtype(tensor.dtype()) != reference_dtype(value.meta.dtype))
-      fail("input '" + value.name + "' has dtype " + std::string(dtype_name(tensor.dtype())) + ", the graph expects " +
-           std::string(dtype_name(value.meta.dtype)));
-    ordered.push_back(tensor.to_reference());
-  }
+  for (ValueId id : graph.inputs) ordered.push_back(checked_input(graph, inputs, id)->to_reference());
   return ordered;
+}
+
+const Tensor* checked_input(const Graph& graph, const std::map<std::string, Tensor>& inputs, ValueId id,
+                            bool may_omit) {
+  const Value& value = graph.value(id);
+  auto it = inputs.find(value.name);
+  if (it == inputs.end()) {
+    if (may_omit) return nullptr;
+    fail("missing input '" + value.name + "' " + shape_string(value.meta.shape) + " " +
+         std::string(dtype_name(value.meta.dtype)));
+  }
+  const Tensor& tensor = it->second;
+  if (tensor.shape() != value.meta.shape)
+    fail("input '" + value.name + "' has shape " + shape_string(tensor.shape()) + ", the graph expects " +
+         shape_string(value.meta.shape));
+  if (reference_dtype(tensor.dtype()) != reference_dtype(value.meta.dtype))
+    fail("input '" + value.name + "' has dtype " + std::string(dtype_name(tensor.dtype())) + ", the graph expects " +
+         std::string(dtype_name(value.meta.dtype)));
+  return &tensor;
 }
 
 ReferenceExecutor::ReferenceExecutor(const Graph& graph, const std::vector<std::pair<ValueId, Tensor>>& weights)
@@ -56,7 +62,7 @@ ReferenceExecutor::ReferenceExecutor(const Graph& graph, const std::vector<std::
   for (const Node& node : graph.nodes)
     for (ValueId id : node.inputs) {
       const Value& value = graph.value(id);
-      if (value.kind == ValueKind::Weight && !weights_[static_cast<size_t>(id)].defined() )
+      if (value.kind == ValueKind::Weight && !weights_[static_cast<size_t>(id)].defined())
         fail("weight '" + value.weight_key + "' (used by node '" + node.name + "') has no value");
     }
 }
@@ -90,8 +96,8 @@ NamedTensors ReferenceExecutor::run(const std::map<std::string, Tensor>& inputs,
       fail(graph_.source + ": node '" + node.name + "' (" + node.source_op + "): " + error.what());
     }
     if (results.size() != node.outputs.size())
-      fail(graph_.source + ": node '" + node.name + "' produced " + std::to_string(results.size()) + " outputs, expected " +
-           std::to_string(node.outputs.size()));
+      fail(graph_.source + ": node '" + node.name + "' produced " + std::to_string(results.size()) +
+           " outputs, expected " + std::to_string(node.outputs.size()));
     for (size_t i = 0; i < results.size(); ++i) {
       if (results[i].shape() != output_metas[i].shape)
         fail(graph_.source + ": node '" + node.name + "' output " + std::to_string(i) + " has shape " +

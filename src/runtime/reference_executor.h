@@ -18,6 +18,10 @@ void check_supported(const Graph& graph);
 // Checks user inputs against the graph's inputs: every name known and given, shapes equal, dtype of the same
 // kind (floats may differ in width). Returns them in graph-input order, converted to the reference domain.
 std::vector<Tensor> check_inputs(const Graph& graph, const std::map<std::string, Tensor>& inputs);
+// The user's tensor for graph input `id`, its shape equal and its dtype of the same kind as the graph's; null when
+// it is not given and `may_omit` (an input a backend keeps as state), else an error.
+const Tensor* checked_input(const Graph& graph, const std::map<std::string, Tensor>& inputs, ValueId id,
+                            bool may_omit = false);
 
 // Runs a graph node by node with the registry's reference implementations (fp32 floats, int64 integers).
 // Intermediate values are released after their last use.

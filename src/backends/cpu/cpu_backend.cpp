@@ -529,22 +529,10 @@ class CpuPreparedProgram final : public PreparedProgram {
   void copy_inputs_keeping_state(const std::map<std::string, Tensor>& inputs) {
     for (const auto& [name, tensor] : inputs) find_graph_io(graph_, graph_.inputs, name, "input");
     for (ValueId id : graph_.inputs) {
-      const Value& value = graph_.value(id);
-      auto it = inputs.find(value.name);
-      if (it == inputs.end()) {
-        if (state_of_input(value.name)) continue;
-        fail("missing input '" + value.name + "' " + shape_string(value.meta.shape) + " " +
-             std::string(dtype_name(value.meta.dtype)));
-      }
-      const Tensor& tensor = it->second;
-      if (tensor.shape() != value.meta.shape)
-        fail("input '" + value.name + "' has shape " + shape_string(tensor.shape()) + ", the graph expects " +
-             shape_string(value.meta.shape));
-      if (reference_dtype(tensor.dtype()) != reference_dtype(value.meta.dtype))
-        fail("input '" + value.name + "' has dtype " + std::string(dtype_name(tensor.dtype())) +
-             ", the graph expects " + std::string(dtype_name(value.meta.dtype)));
+      const Tensor* tensor = checked_input(graph_, inputs, id, state_of_input(graph_.value(id).name) != nullptr);
+      if (!tensor) continue;
       const Buffer in = buffer(id);
-      tensor_to_storage(tensor.to_reference(), in.data, in.elem);
+      tensor_to_storage(tensor->to_reference(), in.data, in.elem);
     }
   }
 

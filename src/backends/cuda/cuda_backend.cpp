@@ -519,27 +519,13 @@ class CudaPreparedProgram final : public PreparedProgram {
   // or by enqueue_input_copies).
   void stage_inputs(const std::map<std::string, Tensor>& inputs) {
     for (const auto& [name, tensor] : inputs) find_graph_io(graph_, graph_.inputs, name, "input");
-    if (state_.empty()) check_inputs(graph_, inputs);
     for (size_t input = 0; input < graph_.inputs.size(); ++input) {
       const ValueId id = graph_.inputs[input];
-      const Value& value = graph_.value(id);
-      auto it = inputs.find(value.name);
-      if (it == inputs.end()) {
-        if (state_of_input(value.name)) continue;
-        fail("missing input '" + value.name + "' " + shape_string(value.meta.shape) + " " +
-             std::string(dtype_name(value.meta.dtype)));
-      }
-      const Tensor& tensor = it->second;
-      if (tensor.shape() != value.meta.shape)
-        fail("input '" + value.name + "' has shape " + shape_string(tensor.shape()) + ", the graph expects " +
-             shape_string(value.meta.shape));
-      if (reference_dtype(tensor.dtype()) != reference_dtype(value.meta.dtype))
-        fail("input '" + value.name + "' has dtype " + std::string(dtype_name(tensor.dtype())) +
-             ", the graph expects " + std::string(dtype_name(value.meta.dtype)));
+      const Tensor* tensor = checked_input(graph_, inputs, id, state_of_input(graph_.value(id).name) != nullptr);
       const PinnedBuffer& staged = input_staging_[input];
-      if (staged.size() == 0) continue;
+      if (!tensor || staged.size() == 0) continue;
       // The previous run's copy out of the staging buffer has finished: finish_outputs synchronized the stream.
-      cpu::tensor_to_storage(tensor, staged.data(), elem_of(id));
+      cpu::tensor_to_storage(*tensor, staged.data(), elem_of(id));
     }
   }
 

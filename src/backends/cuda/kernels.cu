@@ -45,6 +45,21 @@ unsigned blocks_for(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
 }
 
+// Calls fn(T{}) with T the element type of `elem` when it is fp32, fp16 or bf16 storage (the kernels typed on their
+// storage); false, calling nothing, for any other element type.
+template <typename Fn>
+bool with_float_storage(int elem, Fn&& fn) {
+  if (elem == kF16)
+    fn(__half{});
+  else if (elem == kBF16)
+    fn(__nv_bfloat16{});
+  else if (elem == kF32)
+    fn(float{});
+  else
+    return false;
+  return true;
+}
+
 #define GRID_STRIDE(i, n)                                                                \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -857,32 +872,20 @@ cudaError_t launch_conv2d(cudaStream_t stream, const ConvParams& p, void* out, i
   return cudaGetLastError();
 }
 
-namespace {
-
-template <typename T>
-void launch_max_pool_planes(cudaStream_t stream, const PoolParams& p, void* out, const void* x) {
-  const int64_t pixels = p.out_h * p.out_w;
-  const dim3 grid(static_cast<unsigned>((pixels + kThreads - 1) / kThreads),
-                  static_cast<unsigned>(std::min<int64_t>(p.planes, 65535)));
-  max_pool_plane_kernel<T>
-      <<<grid, kThreads, 0, stream>>>(p, static_cast<int>(pixels), static_cast<T*>(out), static_cast<const T*>(x));
-}
-
-}  // namespace
-
 cudaError_t launch_max_pool2d(cudaStream_t stream, const PoolParams& p, void* out, int out_elem, Operand x) {
   const int64_t n = p.planes * p.out_h * p.out_w;
   if (n <= 0) return cudaGetLastError();
-  const bool planes_fit = p.in_h * p.in_w < (int64_t{1} << 31) && p.out_h * p.out_w < (int64_t{1} << 31);
-  if (planes_fit && x.elem == out_elem && out_elem == kF16) {
-    launch_max_pool_planes<__half>(stream, p, out, x.data);
-  } else if (planes_fit && x.elem == out_elem && out_elem == kBF16) {
-    launch_max_pool_planes<__nv_bfloat16>(stream, p, out, x.data);
-  } else if (planes_fit && x.elem == out_elem && out_elem == kF32) {
-    launch_max_pool_planes<float>(stream, p, out, x.data);
-  } else {
+  const int64_t pixels = p.out_h * p.out_w;
+  const bool planes_fit = p.in_h * p.in_w < (int64_t{1} << 31) && pixels < (int64_t{1} << 31);
+  const auto planes = [&](auto type) {
+    using T = decltype(type);
+    const dim3 grid(static_cast<unsigned>((pixels + kThreads - 1) / kThreads),
+                    static_cast<unsigned>(std::min<int64_t>(p.planes, 65535)));
+    max_pool_plane_kernel<T><<<grid, kThreads, 0, stream>>>(p, static_cast<int>(pixels), static_cast<T*>(out),
+                                                            static_cast<const T*>(x.data));
+  };
+  if (!(planes_fit && x.elem == out_elem && with_float_storage(out_elem, planes)))
     max_pool_kernel<<<blocks_for(n), kThreads, 0, stream>>>(p, n, out, out_elem, x);
-  }
   return cudaGetLastError();
 }
 
@@ -892,17 +895,12 @@ cudaError_t launch_adaptive_avg_pool2d(cudaStream_t stream, int64_t planes, int6
   if (n <= 0) return cudaGetLastError();
   const bool global =
       out_h == 1 && out_w == 1 && plane_size > 0 && plane_size < (int64_t{1} << 31) && x.elem == out_elem;
-  if (global && out_elem == kF16)
-    global_avg_pool_kernel<__half><<<blocks_for(planes * 32), kThreads, 0, stream>>>(
-        planes, static_cast<int>(plane_size), static_cast<__half*>(out), static_cast<const __half*>(x.data));
-  else if (global && out_elem == kBF16)
-    global_avg_pool_kernel<__nv_bfloat16><<<blocks_for(planes * 32), kThreads, 0, stream>>>(
-        planes, static_cast<int>(plane_size), static_cast<__nv_bfloat16*>(out),
-        static_cast<const __nv_bfloat16*>(x.data));
-  else if (global && out_elem == kF32)
-    global_avg_pool_kernel<float><<<blocks_for(planes * 32), kThreads, 0, stream>>>(
-        planes, static_cast<int>(plane_size), static_cast<float*>(out), static_cast<const float*>(x.data));
-  else
+  const auto per_plane = [&](auto type) {
+    using T = decltype(type);
+    global_avg_pool_kernel<T><<<blocks_for(planes * 32), kThreads, 0, stream>>>(
+        planes, static_cast<int>(plane_size), static_cast<T*>(out), static_cast<const T*>(x.data));
+  };
+  if (!(global && with_float_storage(out_elem, per_plane)))
     adaptive_avg_pool_kernel<<<blocks_for(n), kThreads, 0, stream>>>(n, in_h, in_w, out_h, out_w, out, out_elem, x);
   return cudaGetLastError();
 }
@@ -916,24 +914,16 @@ cudaError_t launch_im2col(cudaStream_t stream, const ConvParams& p, int64_t samp
       samples * rows * pixels > std::numeric_limits<int64_t>::max() / 2)
     return cudaErrorInvalidValue;
   const int depth = static_cast<int>(p.in_channels / p.groups * p.kernel_h * p.kernel_w);
-  const bool vectors = p.in_h * p.in_w < (int64_t{1} << 31) && (x.elem == kF16 || x.elem == kBF16 || x.elem == kF32);
-  if (vectors) {
+  const auto vectors = [&](auto type) {
+    using T = decltype(type);
     const int64_t threads_needed = (pixels + 7) / 8;
     const int threads = threads_needed >= kThreads ? kThreads : static_cast<int>((threads_needed + 31) / 32 * 32);
     const dim3 grid(static_cast<unsigned>((threads_needed + threads - 1) / threads), static_cast<unsigned>(rows),
                     static_cast<unsigned>(samples));
-    const int r = static_cast<int>(rows);
-    if (x.elem == kF16)
-      im2col_vector_kernel<__half>
-          <<<grid, threads, 0, stream>>>(p, r, depth, static_cast<__half*>(col), static_cast<const __half*>(x.data));
-    else if (x.elem == kBF16)
-      im2col_vector_kernel<__nv_bfloat16><<<grid, threads, 0, stream>>>(p, r, depth, static_cast<__nv_bfloat16*>(col),
-                                                                        static_cast<const __nv_bfloat16*>(x.data));
-    else
-      im2col_vector_kernel<float>
-          <<<grid, threads, 0, stream>>>(p, r, depth, static_cast<float*>(col), static_cast<const float*>(x.data));
-    return cudaGetLastError();
-  }
+    im2col_vector_kernel<T><<<grid, threads, 0, stream>>>(p, static_cast<int>(rows), depth, static_cast<T*>(col),
+                                                          static_cast<const T*>(x.data));
+  };
+  if (p.in_h * p.in_w < (int64_t{1} << 31) && with_float_storage(x.elem, vectors)) return cudaGetLastError();
   const int threads = pixels >= kThreads ? kThreads : static_cast<int>((pixels + 31) / 32 * 32);
   const dim3 grid(static_cast<unsigned>((pixels + threads - 1) / threads), static_cast<unsigned>(rows),
                   static_cast<unsigned>(samples));
