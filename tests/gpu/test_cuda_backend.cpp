@@ -19,6 +19,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/generated_kernels.h"
 #include "backends/cuda/kernel_op_names.h"
 #include "compiler/compile.h"
 #include "compiler/target.h"
@@ -44,6 +45,35 @@ std::vector<Case> elementwise_cases() {
     cases.push_back(make(op, {f({0, 5})}, {}, "empty"));
   }
   cases.push_back(make("gelu", {f({7, 9})}, attrs({{"approximate", S("tanh")}}), "tanh"));
+  // Kernels generated and compiled with NVRTC at prepare: 3x37 and 1001 elements end in a tail that is not a whole
+  // vector, 8x1024 is whole vectors only.
+  for (const char* op :
+       {"log",   "log2",     "log10",     "log1p",       "expm1",      "sqrt", "rsqrt",    "reciprocal", "sin",
+        "cos",   "tan",      "atan",      "erf",         "abs",        "sign", "floor",    "ceil",       "trunc",
+        "round", "hardtanh", "hardswish", "hardsigmoid", "leaky_relu", "elu",  "softplus", "mish"}) {
+    cases.push_back(make(op, {f({3, 37})}));
+    cases.push_back(make(op, {f({0, 5})}, {}, "empty"));
+  }
+  cases.push_back(make("log", {positive({1001})}, {}, "positive"));
+  cases.push_back(make("rsqrt", {positive({8, 1024})}, {}, "positive"));
+  cases.push_back(make("hardtanh", {f({33})}, attrs({{"min_val", F(-0.5)}, {"max_val", F(0.25)}}), "bounds"));
+  cases.push_back(make("leaky_relu", {f({33})}, attrs({{"negative_slope", F(0.2)}}), "slope"));
+  cases.push_back(make("elu", {f({33})}, attrs({{"alpha", F(0.5)}, {"scale", F(1.5)}, {"input_scale", F(2.0)}}), "a"));
+  cases.push_back(make("softplus", {f({33})}, attrs({{"beta", F(2.0)}, {"threshold", F(1.0)}}), "beta"));
+  cases.push_back(fallback(make("round", {f({33})}, attrs({{"decimals", I(1)}}), "decimals")));
+  cases.push_back(make("clamp", {f({65})}, attrs({{"min", F(-0.5)}, {"max", F(0.5)}})));
+  cases.push_back(make("clamp", {f({1001})}, attrs({{"min", F(0.1)}}), "min only"));
+  cases.push_back(make("clamp", {f({8, 1024})}, attrs({{"max", I(1)}}), "int max"));
+  cases.push_back(fallback(make("clamp", {ints({9}, -9, 9)}, attrs({{"max", I(2)}}), "int64")));
+  cases.push_back(fallback(make("clamp", {f({9}), f({9})}, {}, "tensor bound")));
+  const Attrs chain = attrs({{"ops", S("mul,add,tanh,pow,sub,div,sigmoid,leaky_relu,gelu")},
+                             {"scalars", FL({0.5, 1.0, 0.0, 2.0, 0.25, 3.0, 0.0, 0.1, 0.0})}});
+  for (const Shape& shape : std::vector<Shape>{{7, 33}, {1001}, {8, 1024}, {5}, {0, 3}})
+    cases.push_back(make("elementwise_chain", {f(shape)}, chain, std::to_string(shape_numel(shape))));
+  cases.push_back(make(
+      "elementwise_chain", {positive({3, 37})},
+      attrs({{"ops", S("log,sqrt,pow,exp,hardswish,abs,rsqrt")}, {"scalars", FL({0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0})}}),
+      "positive"));
   for (const char* op : {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge",
                          "logical_and", "logical_or"}) {
     cases.push_back(make(op, {f({2, 1, 33}), f({7, 1})}, {}, "broadcast"));
@@ -814,6 +844,107 @@ TEST(CudaFusion, PrefillTransposesFoldIntoRopeCacheWritesAndAttention) {
         expect_matches(prepared->read_state("cache_k"), expected[1].second, storage, what + " key cache");
         expect_matches(prepared->read_state("cache_v"), expected[2].second, storage, what + " value cache");
       }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Pointwise runs: consecutive pointwise nodes as one kernel generated with NVRTC at prepare time.
+
+// A biased GELU written out as pointwise ops (as Hugging Face's NewGELUActivation exports it), then scaled by a
+// per-row factor; with `bias_sum_is_output` the biased sum is also a graph output, so it must be written.
+struct GeluBlock {
+  Built built;
+  size_t nodes = 0;
+};
+GeluBlock gelu_block(DType storage, const Shape& shape, bool bias_sum_is_output) {
+  GeluBlock block;
+  Built& b = block.built;
+  b.graph.source = "gelu block";
+  BlockBuilder g{b, storage};
+  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
+    ++block.nodes;
+    return g.node(op, name, std::move(inputs), std::move(a));
+  };
+  const ValueId x = g.input("x", f(shape)), bias = g.input("bias", w({shape.back()}));
+  Shape per_row(shape.size(), 1);
+  per_row[0] = shape[0];
+  const ValueId scale = g.input("scale", f(per_row));
+  const ValueId h = node("add", "biased", {x, bias});
+  const ValueId cubed = node("pow", "cubed", {h}, attrs({{"exponent", F(3.0)}}));
+  const ValueId small = node("mul", "small", {cubed}, attrs({{"other", F(0.044715)}}));
+  const ValueId inner = node("add", "inner", {h, small});
+  const ValueId scaled = node("mul", "scaled", {inner}, attrs({{"other", F(0.7978845608)}}));
+  const ValueId tanh = node("tanh", "tanh", {scaled});
+  const ValueId one_plus = node("add", "one_plus", {tanh}, attrs({{"other", I(1)}}));
+  const ValueId half = node("mul", "half", {h}, attrs({{"other", F(0.5)}}));
+  const ValueId gelu = node("mul", "gelu", {half, one_plus});
+  const ValueId out = node("mul", "out", {gelu, scale});
+  b.graph.outputs = {out};
+  if (bias_sum_is_output) b.graph.outputs.push_back(h);
+  compiler::renumber_producers(b.graph);
+  return block;
+}
+
+TEST(CudaFusion, PointwiseRunsRunAsOneGeneratedKernelAndMatchTheReference) {
+  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    for (const Shape& shape : std::vector<Shape>{{7, 1001}, {3, 4, 64}, {1, 1}}) {
+      for (const bool bias_sum_is_output : {false, true}) {
+        const std::string what = std::string(dtype_name(storage)) + " " + std::to_string(shape_numel(shape)) +
+                                 (bias_sum_is_output ? " with the biased sum an output" : "");
+        SCOPED_TRACE(what);
+        GeluBlock block = gelu_block(storage, shape, bias_sum_is_output);
+        const Built& b = block.built;
+        const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
+        for (const bool fuse : {true, false}) {
+          cuda::CudaBackend backend({.poison_memory = true, .fuse_kernels = fuse});
+          const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
+          EXPECT_TRUE(prepared->fallback_nodes().empty());
+          // Fused: one kernel, or the biased sum's add and then the rest.
+          const size_t launches = bias_sum_is_output ? 2u : 1u;
+          EXPECT_EQ(prepared->last_timings().size(), fuse ? launches : block.nodes);
+          for (int run = 0; run < 2; ++run) {
+            const NamedTensors actual = prepared->run(b.inputs);
+            ASSERT_EQ(actual.size(), expected.size());
+            // Unfused, each of the ten ops rounds to the storage; fused, only the last.
+            for (size_t i = 0; i < actual.size(); ++i)
+              expect_matches(actual[i].second, expected[i].second, storage,
+                             what + (fuse ? " fused" : " unfused") + " output " + actual[i].first, fuse ? 1 : 10);
+          }
+          EXPECT_TRUE(cuda::replays_graph(*prepared)) << cuda::graph_capture_failure(*prepared);
+        }
+      }
+    }
+  }
+}
+
+// Two inputs of the same shape, read 16 bytes at a time (with an element-wise tail where the count is not a whole
+// number of vectors). Preparing the same program again compiles nothing.
+TEST(CudaFusion, ContiguousPointwiseRunsReadWholeVectorsAndCompileOnce) {
+  for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {
+    for (const int64_t count : {int64_t{8}, int64_t{1001}, int64_t{4096}, int64_t{5}}) {
+      const std::string what = std::string(dtype_name(storage)) + " " + std::to_string(count);
+      SCOPED_TRACE(what);
+      Built b;
+      b.graph.source = "contiguous run";
+      BlockBuilder g{b, storage};
+      const ValueId x = g.input("x", f({count})), y = g.input("y", f({count}));
+      const ValueId sum = g.node("sub", "sum", {x, y}, attrs({{"alpha", F(0.5)}}));
+      const ValueId act = g.node("silu", "act", {sum});
+      const ValueId out = g.node("div", "out", {act, y});
+      b.graph.outputs = {out};
+      compiler::renumber_producers(b.graph);
+      const NamedTensors expected = ReferenceExecutor(b.graph, b.weights).run(b.inputs);
+      cuda::CudaBackend backend({.poison_memory = true});
+      const auto prepared = backend.prepare(program_for(b.graph, storage), b.weights);
+      ASSERT_EQ(prepared->last_timings().size(), 1u);
+      EXPECT_EQ(prepared->last_timings()[0].op, "sub+silu+div");
+      for (int run = 0; run < 2; ++run)
+        expect_matches(prepared->run(b.inputs)[0].second, expected[0].second, storage, what, 3);
+      const size_t compiled = cuda::generated_kernels_compiled();
+      const auto again = backend.prepare(program_for(b.graph, storage), b.weights);
+      EXPECT_EQ(cuda::generated_kernels_compiled(), compiled);
+      expect_matches(again->run(b.inputs)[0].second, expected[0].second, storage, what + " again", 3);
     }
   }
 }

@@ -187,6 +187,38 @@ std::optional<UnaryStep> unary_step(const std::string& op, const Attrs& attrs) {
   return std::nullopt;
 }
 
+std::optional<std::vector<UnaryStep>> chain_steps(const Attrs& attrs) {
+  const std::string& text = attrs.get_string("ops");
+  const std::vector<double> scalars = attrs.get_floats("scalars");
+  std::vector<UnaryStep> steps;
+  size_t index = 0;
+  for (size_t begin = 0; begin <= text.size(); ++index) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string op = text.substr(begin, end - begin);
+    begin = end + 1;
+    if (index >= scalars.size()) return std::nullopt;
+    const auto scalar = static_cast<float>(scalars[index]);
+    if (op == "add") {
+      steps.push_back({UnaryKind::AddScalar, scalar});
+    } else if (op == "sub") {
+      steps.push_back({UnaryKind::AddScalar, -scalar});
+    } else if (op == "mul") {
+      steps.push_back({UnaryKind::MulScalar, scalar});
+    } else if (op == "div") {
+      steps.push_back({UnaryKind::DivScalar, scalar});
+    } else if (op == "pow") {
+      steps.push_back({UnaryKind::PowScalar, scalar});
+    } else if (op == "leaky_relu") {
+      steps.push_back({UnaryKind::LeakyRelu, scalar});
+    } else {
+      std::optional<UnaryStep> step = unary_step(op, Attrs());
+      if (!step) return std::nullopt;
+      steps.push_back(*step);
+    }
+  }
+  return steps;
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -629,35 +661,9 @@ std::optional<Kernel> silu_mul(const KernelContext& ctx) {
 // elementwise_chain: each step maps the chunk in place.
 std::optional<Kernel> elementwise_chain(const KernelContext& ctx) {
   if (ctx.inputs.size() != 1 || !float_inputs(ctx)) return std::nullopt;
-  const Attrs& attrs = ctx.node.attrs;
-  const std::string& text = attrs.get_string("ops");
-  const std::vector<double> scalars = attrs.get_floats("scalars");
-  std::vector<UnaryStep> steps;
-  size_t index = 0;
-  for (size_t begin = 0; begin <= text.size(); ++index) {
-    const size_t end = std::min(text.find(',', begin), text.size());
-    const std::string op = text.substr(begin, end - begin);
-    begin = end + 1;
-    if (index >= scalars.size()) return std::nullopt;
-    const auto scalar = static_cast<float>(scalars[index]);
-    if (op == "add") {
-      steps.push_back({UnaryKind::AddScalar, scalar});
-    } else if (op == "sub") {
-      steps.push_back({UnaryKind::AddScalar, -scalar});
-    } else if (op == "mul") {
-      steps.push_back({UnaryKind::MulScalar, scalar});
-    } else if (op == "div") {
-      steps.push_back({UnaryKind::DivScalar, scalar});
-    } else if (op == "pow") {
-      steps.push_back({UnaryKind::PowScalar, scalar});
-    } else if (op == "leaky_relu") {
-      steps.push_back({UnaryKind::LeakyRelu, scalar});
-    } else {
-      std::optional<UnaryStep> step = unary_step(op, Attrs());
-      if (!step) return std::nullopt;
-      steps.push_back(*step);
-    }
-  }
+  std::optional<std::vector<UnaryStep>> chain = chain_steps(ctx.node.attrs);
+  if (!chain) return std::nullopt;
+  std::vector<UnaryStep> steps = std::move(*chain);
   return planned<float>(ctx, {OperandSpec{&ctx.inputs[0]}}, [steps](const float* const* x, float* out, int64_t n) {
     const float* from = x[0];
     for (const UnaryStep& step : steps) {

@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/cudnn_conv.h"
 #include "backends/cuda/device_kernels.h"
+#include "backends/cuda/pointwise_ops.h"
 #include "ops/op_util.h"
 
 namespace npusim::cuda {
@@ -1053,6 +1054,7 @@ std::map<std::string, OpFactory> build_table() {
   table["fused_conv2d"] = conv_op;
   table["max_pool2d"] = max_pool_op;
   table["adaptive_avg_pool2d"] = adaptive_avg_pool_op;
+  add_generated_pointwise_ops(table);
   return table;
 }
 

@@ -5,6 +5,7 @@
 
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/device_kernels.h"
+#include "backends/cuda/pointwise_fusion.h"
 
 namespace npusim::cuda {
 
@@ -26,6 +27,14 @@ class FusionPlanner {
       if (!launch) launch = fuse_rope_cache(n, fused_away, label);
       if (!launch) launch = fuse_attention_transpose(n, fused_away, label);
       if (!launch) launch = fuse_linear_residual(n, fused_away, label);
+      if (!launch) {
+        const auto taken = [&](size_t m) { return fused_away[m] || plan.launches[m].has_value(); };
+        if (std::optional<PointwiseRun> run = fuse_pointwise_run(site_, n, consumers_, taken)) {
+          for (size_t m = n; m < run->last; ++m) fused_away[m] = true;
+          plan.launches[run->last] = FusedLaunch{std::move(run->launch), std::move(run->label)};
+          continue;
+        }
+      }
       if (launch) {
         plan.launches[n] = FusedLaunch{std::move(*launch), std::move(label)};
       } else if (auto at_reader = fuse_transpose_into_reader(n, fused_away, plan.launches, label)) {

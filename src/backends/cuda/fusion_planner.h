@@ -3,7 +3,8 @@
 // Decode: linears reading one row run as one batched GEMV (a residual add that is a linear's only reader folded in,
 // the rms_norm before them as its prologue), a gate and an up projection feeding a silu_mul as one gated GEMV, ropes
 // and KV-cache writes as one launch. Prefill: the transposes around attention folded into the rope, the cache writes
-// and the attention, and a residual add into the linear before it.
+// and the attention, and a residual add into the linear before it. Anywhere: runs of consecutive pointwise nodes as
+// one generated kernel (pointwise_fusion.h).
 #include <functional>
 #include <optional>
 #include <string>

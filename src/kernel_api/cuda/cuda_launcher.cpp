@@ -7,7 +7,6 @@
 
 #include <cuda.h>
 #include <dlfcn.h>
-#include <nvrtc.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +14,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "core/nvrtc_compiler.h"
 #include "core/shared_library.h"
 #include "kernel_api/kernel_cache.h"
 #include "kernel_api/launchers.h"
@@ -171,63 +171,11 @@ const CudaDevice& device_for(const Plan& plan) {
   return *device;
 }
 
-// The NVRTC entry points npusim uses, resolved from libnvrtc once, at the first CUDA kernel compiled.
-struct Nvrtc {
-  decltype(&::nvrtcVersion) version;
-  decltype(&::nvrtcGetNumSupportedArchs) architecture_count;
-  decltype(&::nvrtcGetSupportedArchs) architectures;
-  decltype(&::nvrtcCreateProgram) create;
-  decltype(&::nvrtcCompileProgram) compile;
-  decltype(&::nvrtcGetProgramLogSize) log_size;
-  decltype(&::nvrtcGetProgramLog) log;
-  decltype(&::nvrtcGetCUBINSize) cubin_size;
-  decltype(&::nvrtcGetCUBIN) cubin;
-  decltype(&::nvrtcGetPTXSize) ptx_size;
-  decltype(&::nvrtcGetPTX) ptx;
-  decltype(&::nvrtcDestroyProgram) destroy;
-  decltype(&::nvrtcGetErrorString) error_string;
-};
-
-const Nvrtc& nvrtc_for(const Plan& plan) {
-  static std::once_flag once;
-  static Nvrtc api;
-  static std::string problem;
-  std::call_once(once, [] {
-    // The NVRTC of the toolkit npusim was built with (its headers declare these entry points), else any.
-    const std::string versioned = "libnvrtc.so." + std::to_string(CUDA_VERSION / 1000);
-    void* library = dlopen(versioned.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!library) library = dlopen("libnvrtc.so", RTLD_NOW | RTLD_LOCAL);
-    if (!library) {
-      problem = "NVRTC cannot be loaded: " + std::string(dlerror());
-      return;
-    }
-    std::string missing;
-    resolve(library, "nvrtcVersion", api.version, missing);
-    resolve(library, "nvrtcGetNumSupportedArchs", api.architecture_count, missing);
-    resolve(library, "nvrtcGetSupportedArchs", api.architectures, missing);
-    resolve(library, "nvrtcCreateProgram", api.create, missing);
-    resolve(library, "nvrtcCompileProgram", api.compile, missing);
-    resolve(library, "nvrtcGetProgramLogSize", api.log_size, missing);
-    resolve(library, "nvrtcGetProgramLog", api.log, missing);
-    resolve(library, "nvrtcGetCUBINSize", api.cubin_size, missing);
-    resolve(library, "nvrtcGetCUBIN", api.cubin, missing);
-    resolve(library, "nvrtcGetPTXSize", api.ptx_size, missing);
-    resolve(library, "nvrtcGetPTX", api.ptx, missing);
-    resolve(library, "nvrtcDestroyProgram", api.destroy, missing);
-    resolve(library, "nvrtcGetErrorString", api.error_string, missing);
-    if (!missing.empty()) problem = "NVRTC lacks " + missing;
-  });
-  if (!problem.empty()) fail(plan.label() + ": CUDA kernels cannot be compiled: " + problem);
-  return api;
-}
-
 void check(const CudaDevice& device, CUresult result, const Plan& plan, const std::string& what) {
   if (result != CUDA_SUCCESS) fail(plan.label() + ": " + what + " failed: " + error_text(device.driver, result));
 }
 
 // ---- compilation ----
-
-std::string nvrtc_text(const Nvrtc& nvrtc, nvrtcResult result) { return nvrtc.error_string(result); }
 
 // The folder holding cuda_fp16.h: $NPUSIM_CUDA_INCLUDE, the toolkit npusim was built with, $CUDA_HOME, $CUDA_PATH,
 // /usr/local/cuda. Empty when none has it.
@@ -248,26 +196,6 @@ std::string fp16_include_folder() {
   return "";
 }
 
-// The architecture to compile for: the device's own (a cubin) when NVRTC knows it, else the newest virtual
-// architecture NVRTC knows (PTX, compiled by the driver on loading).
-std::string target_architecture(const Nvrtc& nvrtc, const CudaDevice& device, bool* cubin) {
-  int count = 0;
-  nvrtc.architecture_count(&count);
-  std::vector<int> architectures(static_cast<size_t>(count));
-  if (count > 0) nvrtc.architectures(architectures.data());
-  const int wanted = device.major * 10 + device.minor;
-  int best = 0;
-  for (int architecture : architectures) {
-    if (architecture == wanted) {
-      *cubin = true;
-      return "sm_" + std::to_string(wanted);
-    }
-    if (architecture < wanted) best = std::max(best, architecture);
-  }
-  *cubin = false;
-  return "compute_" + std::to_string(best > 0 ? best : wanted);
-}
-
 struct CudaModule {
   const Driver* driver = nullptr;
   CUmodule module = nullptr;
@@ -283,36 +211,9 @@ struct CudaModule {
 
 std::string compile(const Plan& plan, const GeneratedSource& source, const std::vector<std::string>& options,
                     bool cubin) {
-  const Nvrtc& nvrtc = nvrtc_for(plan);
-  nvrtcProgram program = nullptr;
-  nvrtcResult result =
-      nvrtc.create(&program, source.text.c_str(), (plan.source->name + ".cu").c_str(), 0, nullptr, nullptr);
-  if (result != NVRTC_SUCCESS) fail(plan.label() + ": nvrtcCreateProgram failed: " + nvrtc_text(nvrtc, result));
-  std::vector<const char*> arguments;
-  for (const std::string& option : options) arguments.push_back(option.c_str());
-  result = nvrtc.compile(program, static_cast<int>(arguments.size()), arguments.data());
-  size_t log_size = 0;
-  nvrtc.log_size(program, &log_size);
-  std::string log(log_size, '\0');
-  if (log_size > 0) nvrtc.log(program, log.data());
-  while (!log.empty() && log.back() == '\0') log.pop_back();
-  if (result != NVRTC_SUCCESS) {
-    nvrtc.destroy(&program);
-    fail(explain_compile_errors(plan, source, log.empty() ? nvrtc_text(nvrtc, result) : log));
-  }
-  size_t size = 0;
-  std::string image;
-  if (cubin) {
-    nvrtc.cubin_size(program, &size);
-    image.resize(size);
-    nvrtc.cubin(program, image.data());
-  } else {
-    nvrtc.ptx_size(program, &size);
-    image.resize(size);
-    nvrtc.ptx(program, image.data());
-  }
-  nvrtc.destroy(&program);
-  return image;
+  const nvrtc::Compiled compiled = nvrtc::compile(source.text, plan.source->name + ".cu", options, cubin, plan.label());
+  if (!compiled.ok) fail(explain_compile_errors(plan, source, compiled.log));
+  return compiled.image;
 }
 
 std::shared_ptr<CudaModule> load_module(const CudaDevice& device, const Plan& plan, const GeneratedSource& source,
@@ -340,16 +241,14 @@ std::shared_ptr<CudaModule> load_module(const CudaDevice& device, const Plan& pl
 
 std::shared_ptr<CudaModule> build_module(const CudaDevice& device, const Plan& plan, const GeneratedSource& source,
                                          const std::string& include_folder) {
-  const Nvrtc& nvrtc = nvrtc_for(plan);
-  bool cubin = false;
-  const std::string architecture = target_architecture(nvrtc, device, &cubin);
+  const nvrtc::Target target = nvrtc::target_for(device.major, device.minor, plan.label());
+  const std::string& architecture = target.architecture;
+  const bool cubin = target.cubin;
   // Functions of the user's header need no __device__, as on the CPU.
   std::vector<std::string> options = {"--gpu-architecture=" + architecture, "-std=c++17",
                                       "--device-as-default-execution-space"};
   if (!include_folder.empty()) options.push_back("-I" + include_folder);
-  int nvrtc_major = 0, nvrtc_minor = 0;
-  nvrtc.version(&nvrtc_major, &nvrtc_minor);
-  std::string key_text = "cuda nvrtc " + std::to_string(nvrtc_major) + "." + std::to_string(nvrtc_minor);
+  std::string key_text = "cuda " + nvrtc::version_text(plan.label());
   for (const std::string& option : options) key_text += " " + option;
   key_text += "\n" + source.text;
   const std::string hash = hash_hex(key_text);

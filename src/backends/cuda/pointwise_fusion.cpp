@@ -1,0 +1,192 @@
+#include "backends/cuda/pointwise_fusion.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include "backends/cuda/pointwise_ops.h"
+#include "ops/op_util.h"
+
+namespace npusim::cuda {
+
+namespace {
+
+using cpu::UnaryKind;
+using cpu::UnaryStep;
+
+PointwiseStep unary(UnaryStep step, int a) {
+  PointwiseStep made;
+  made.unary = step;
+  made.a = a;
+  return made;
+}
+
+PointwiseStep binary(PointwiseBinary op, int a, int b, float alpha = 1.0f) {
+  PointwiseStep made;
+  made.binary = op;
+  made.a = a;
+  made.b = b;
+  made.alpha = alpha;
+  return made;
+}
+
+// The steps of one node reading values `in` (one per node input); each step's value follows the one before, the
+// first being `first_value`. Nothing when the node is not pointwise here.
+std::optional<std::vector<PointwiseStep>> node_steps(const Node& node, const std::vector<int>& in, int first_value) {
+  const Attrs& a = node.attrs;
+  const std::string& op = node.op;
+  const size_t inputs = in.size();
+  const auto alpha = static_cast<float>(a.get_float("alpha", 1.0));
+  if (op == "add" || op == "sub") {
+    const bool add = op == "add";
+    if (inputs == 2) return std::vector{binary(add ? PointwiseBinary::Add : PointwiseBinary::Sub, in[0], in[1], alpha)};
+    if (inputs == 1 && !a.is_none("other")) {
+      const auto other = static_cast<float>(a.get_float("other")) * alpha;
+      return std::vector{unary({UnaryKind::AddScalar, add ? other : -other}, in[0])};
+    }
+    return std::nullopt;
+  }
+  if (op == "mul" || op == "div") {
+    if (!a.is_none("alpha") || (op == "div" && !a.is_none("rounding_mode"))) return std::nullopt;
+    const bool mul = op == "mul";
+    if (inputs == 2) return std::vector{binary(mul ? PointwiseBinary::Mul : PointwiseBinary::Div, in[0], in[1])};
+    if (inputs == 1 && !a.is_none("other"))
+      return std::vector{
+          unary({mul ? UnaryKind::MulScalar : UnaryKind::DivScalar, static_cast<float>(a.get_float("other"))}, in[0])};
+    return std::nullopt;
+  }
+  if (op == "add_relu" && inputs == 2)
+    return std::vector{binary(PointwiseBinary::Add, in[0], in[1]), unary({UnaryKind::Relu}, first_value)};
+  if (op == "silu_mul" && inputs == 2)
+    return std::vector{unary({UnaryKind::Silu}, in[0]), binary(PointwiseBinary::Mul, first_value, in[1])};
+  if (inputs != 1) return std::nullopt;
+  std::vector<UnaryStep> chain;
+  if (op == "pow") {
+    if (a.is_none("exponent") || !a.is_none("base")) return std::nullopt;
+    chain = {{UnaryKind::PowScalar, static_cast<float>(a.get_float("exponent"))}};
+  } else if (op == "to") {
+    chain = {{UnaryKind::Identity}};
+  } else if (op == "clamp") {
+    const bool has_low = !a.is_none("min"), has_high = !a.is_none("max");
+    if (!has_low && !has_high) return std::nullopt;
+    constexpr float kInfinity = std::numeric_limits<float>::infinity();
+    chain = {{UnaryKind::Clamp, has_low ? static_cast<float>(a.get_float("min")) : -kInfinity,
+              has_high ? static_cast<float>(a.get_float("max")) : kInfinity}};
+  } else if (op == "elementwise_chain") {
+    std::optional<std::vector<UnaryStep>> steps = cpu::chain_steps(a);
+    if (!steps) return std::nullopt;
+    chain = std::move(*steps);
+  } else if (std::optional<UnaryStep> step = cpu::unary_step(op, a)) {
+    chain = {*step};
+  } else {
+    return std::nullopt;
+  }
+  std::vector<PointwiseStep> steps;
+  for (size_t s = 0; s < chain.size(); ++s)
+    steps.push_back(unary(chain[s], s == 0 ? in[0] : first_value + static_cast<int>(s) - 1));
+  return steps;
+}
+
+class RunBuilder {
+ public:
+  RunBuilder(const FusionSite& site, const std::vector<std::vector<size_t>>& consumers)
+      : site_(site), graph_(site.graph), consumers_(consumers) {}
+
+  // Whether node n may be in a run of output shape `shape`.
+  bool eligible(size_t n, const Shape& shape) const {
+    const Node& node = graph_.nodes[n];
+    if (node.outputs.size() != 1 || node.inputs.empty()) return false;
+    const DeviceValue out = site_.value_at(node.outputs[0]);
+    if (out.meta.shape != shape || !cpu::is_float_elem(out.elem) || site_.is_state(node.outputs[0])) return false;
+    for (ValueId id : node.inputs)
+      if (!cpu::is_float_elem(site_.value_at(id).elem)) return false;
+    return node_steps(node, std::vector<int>(node.inputs.size(), 0), 0).has_value();
+  }
+
+  // Whether every value nodes first..last-1 make is read only by nodes first..last.
+  bool closed(size_t first, size_t last) const {
+    for (size_t n = first; n < last; ++n)
+      for (size_t reader : consumers_[static_cast<size_t>(graph_.nodes[n].outputs[0])])
+        if (reader < first || reader > last) return false;
+    return true;
+  }
+
+  std::optional<PointwiseRun> build(size_t first, size_t last) const {
+    const auto produced_inside = [&](ValueId id) {
+      const Value& value = graph_.value(id);
+      return value.kind == ValueKind::NodeOutput && value.producer >= static_cast<int32_t>(first) &&
+             value.producer <= static_cast<int32_t>(last);
+    };
+    const ValueId output = graph_.nodes[last].outputs[0];
+    const DeviceValue out = site_.value_at(output);
+    PointwiseKernel kernel;
+    kernel.shape = out.meta.shape;
+    kernel.out_elem = out.elem;
+    std::vector<ValueId> externals;
+    std::vector<DeviceValue> inputs;
+    for (size_t n = first; n <= last; ++n)
+      for (ValueId id : graph_.nodes[n].inputs) {
+        if (produced_inside(id) || std::find(externals.begin(), externals.end(), id) != externals.end()) continue;
+        const DeviceValue value = site_.value_at(id);
+        if (!safe_beside_output(value, out)) return std::nullopt;
+        externals.push_back(id);
+        inputs.push_back(value);
+        kernel.inputs.push_back({value.elem, ops::broadcast_strides(value.meta.shape, kernel.shape)});
+      }
+    std::map<ValueId, int> value_of;
+    for (size_t k = 0; k < externals.size(); ++k) value_of[externals[k]] = static_cast<int>(k);
+    std::string label;
+    for (size_t n = first; n <= last; ++n) {
+      const Node& node = graph_.nodes[n];
+      std::vector<int> in;
+      for (ValueId id : node.inputs) in.push_back(value_of.at(id));
+      const int first_value = static_cast<int>(externals.size() + kernel.steps.size());
+      std::optional<std::vector<PointwiseStep>> steps = node_steps(node, in, first_value);
+      if (!steps) return std::nullopt;
+      kernel.steps.insert(kernel.steps.end(), steps->begin(), steps->end());
+      value_of[node.outputs[0]] = static_cast<int>(externals.size() + kernel.steps.size()) - 1;
+      label += (label.empty() ? "" : "+") + node.op;
+    }
+    std::optional<Launch> launch = generated_pointwise(graph_.nodes[last], std::move(kernel), out, inputs);
+    if (!launch) return std::nullopt;
+    return PointwiseRun{last, std::move(*launch), label};
+  }
+
+ private:
+  // The kernel reads element i of an input only in the thread that writes element i of the output: an input may
+  // share the output's memory only where it is read at the same index.
+  static bool safe_beside_output(const DeviceValue& input, const DeviceValue& out) {
+    const std::byte* in_begin = input.data;
+    const std::byte* in_end = input.data + input.bytes();
+    const std::byte* out_begin = out.data;
+    const std::byte* out_end = out.data + out.bytes();
+    if (in_end <= out_begin || out_end <= in_begin) return true;
+    return in_begin == out_begin && input.elem == out.elem && input.meta.shape == out.meta.shape;
+  }
+
+  const FusionSite& site_;
+  const Graph& graph_;
+  const std::vector<std::vector<size_t>>& consumers_;
+};
+
+}  // namespace
+
+std::optional<PointwiseRun> fuse_pointwise_run(const FusionSite& site, size_t first,
+                                               const std::vector<std::vector<size_t>>& consumers,
+                                               const std::function<bool(size_t)>& taken) {
+  const Graph& graph = site.graph;
+  const Node& head = graph.nodes[first];
+  if (head.outputs.size() != 1) return std::nullopt;
+  const Shape shape = graph.value(head.outputs[0]).meta.shape;
+  RunBuilder builder(site, consumers);
+  if (!builder.eligible(first, shape)) return std::nullopt;
+  size_t end = first + 1;
+  while (end < graph.nodes.size() && !taken(end) && builder.eligible(end, shape)) ++end;
+  for (size_t last = end - 1; last > first; --last) {
+    if (!builder.closed(first, last)) continue;
+    if (std::optional<PointwiseRun> run = builder.build(first, last)) return run;
+  }
+  return std::nullopt;
+}
+
+}  // namespace npusim::cuda
