@@ -23,6 +23,7 @@
 #include "backends/cuda/kernel_op_names.h"
 #include "compiler/compile.h"
 #include "compiler/target.h"
+#include "gpu/graph_blocks.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/model_config.h"
 #include "llm/native_builder.h"
@@ -66,6 +67,10 @@ std::vector<Case> elementwise_cases() {
   cases.push_back(make("clamp", {f({8, 1024})}, attrs({{"max", I(1)}}), "int max"));
   cases.push_back(fallback(make("clamp", {ints({9}, -9, 9)}, attrs({{"max", I(2)}}), "int64")));
   cases.push_back(fallback(make("clamp", {f({9}), f({9})}, {}, "tensor bound")));
+  cases.push_back(make("pow", {f({3, 37})}, attrs({{"exponent", F(3.0)}})));
+  cases.push_back(make("pow", {positive({1001})}, attrs({{"exponent", F(0.5)}}), "square root"));
+  cases.push_back(make("pow", {f({8, 1024})}, attrs({{"exponent", I(2)}}), "int exponent"));
+  cases.push_back(fallback(make("pow", {positive({9}), f({9})}, {}, "tensor exponent")));
   const Attrs chain = attrs({{"ops", S("mul,add,tanh,pow,sub,div,sigmoid,leaky_relu,gelu")},
                              {"scalars", FL({0.5, 1.0, 0.0, 2.0, 0.25, 3.0, 0.0, 0.1, 0.0})}});
   for (const Shape& shape : std::vector<Shape>{{7, 33}, {1001}, {8, 1024}, {5}, {0, 3}})
@@ -592,31 +597,6 @@ TEST(CudaConv, ResNet18OnCudnnMatchesTheCpuBackend) {
 // Decode GEMV fusion: one-row linears reading the same row run as one batched GEMV (a residual add folded into
 // its linear), a gate/up pair with its silu_mul as one gated GEMV.
 
-// Appends an `op` node named `name` to b's graph, with its output shape inferred, and returns its output.
-ValueId add_node(Built& b, const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
-  std::vector<TensorMeta> metas;
-  for (ValueId id : inputs) metas.push_back(b.graph.value(id).meta);
-  const OpDef* def = OpRegistry::instance().find(op);
-  OpRegistry::instance().normalize_attrs(*def, nullptr, a, b.graph.source);
-  Node made = compiler::make_node(b.graph, op, name, a, inputs, def->infer(a, metas), {name});
-  const ValueId out = made.outputs[0];
-  b.graph.nodes.push_back(std::move(made));
-  return out;
-}
-
-// Builds a test graph into `b`: operands with seeded values kept in `storage`, nodes with inferred shapes.
-struct BlockBuilder {
-  Built& b;
-  DType storage;
-  uint64_t seed = 1;
-  ValueId input(const std::string& name, const Operand& operand) {
-    return add_operand(b, name, operand, seed++, storage);
-  }
-  ValueId node(const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
-    return add_node(b, op, name, std::move(inputs), std::move(a));
-  }
-};
-
 struct DecodeBlock {
   Built built;
   size_t unfused_kernels = 0;
@@ -850,41 +830,6 @@ TEST(CudaFusion, PrefillTransposesFoldIntoRopeCacheWritesAndAttention) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Pointwise runs: consecutive pointwise nodes as one kernel generated with NVRTC at prepare time.
-
-// A biased GELU written out as pointwise ops (as Hugging Face's NewGELUActivation exports it), then scaled by a
-// per-row factor; with `bias_sum_is_output` the biased sum is also a graph output, so it must be written.
-struct GeluBlock {
-  Built built;
-  size_t nodes = 0;
-};
-GeluBlock gelu_block(DType storage, const Shape& shape, bool bias_sum_is_output) {
-  GeluBlock block;
-  Built& b = block.built;
-  b.graph.source = "gelu block";
-  BlockBuilder g{b, storage};
-  auto node = [&](const std::string& op, const std::string& name, std::vector<ValueId> inputs, Attrs a = {}) {
-    ++block.nodes;
-    return g.node(op, name, std::move(inputs), std::move(a));
-  };
-  const ValueId x = g.input("x", f(shape)), bias = g.input("bias", w({shape.back()}));
-  Shape per_row(shape.size(), 1);
-  per_row[0] = shape[0];
-  const ValueId scale = g.input("scale", f(per_row));
-  const ValueId h = node("add", "biased", {x, bias});
-  const ValueId cubed = node("pow", "cubed", {h}, attrs({{"exponent", F(3.0)}}));
-  const ValueId small = node("mul", "small", {cubed}, attrs({{"other", F(0.044715)}}));
-  const ValueId inner = node("add", "inner", {h, small});
-  const ValueId scaled = node("mul", "scaled", {inner}, attrs({{"other", F(0.7978845608)}}));
-  const ValueId tanh = node("tanh", "tanh", {scaled});
-  const ValueId one_plus = node("add", "one_plus", {tanh}, attrs({{"other", I(1)}}));
-  const ValueId half = node("mul", "half", {h}, attrs({{"other", F(0.5)}}));
-  const ValueId gelu = node("mul", "gelu", {half, one_plus});
-  const ValueId out = node("mul", "out", {gelu, scale});
-  b.graph.outputs = {out};
-  if (bias_sum_is_output) b.graph.outputs.push_back(h);
-  compiler::renumber_producers(b.graph);
-  return block;
-}
 
 TEST(CudaFusion, PointwiseRunsRunAsOneGeneratedKernelAndMatchTheReference) {
   for (const DType storage : {DType::Float32, DType::Float16, DType::BFloat16}) {

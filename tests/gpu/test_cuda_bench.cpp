@@ -16,6 +16,7 @@
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/device_kernels.h"
 #include "compiler/compile.h"
+#include "gpu/graph_blocks.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/model_config.h"
 #include "llm/native_builder.h"
@@ -470,6 +471,25 @@ TEST(CudaBench, QwenNativePrefill) {
       static_cast<long long>(kTokens), static_cast<long long>(kContext), median(times),
       *std::min_element(times.begin(), times.end()), device, kernels, prepared->fallback_nodes().size(),
       replayed ? "yes" : "no", failure.empty() ? "" : (" (capture failed: " + failure + ")").c_str());
+}
+
+// A GELU written out as ten pointwise ops (bias add, pow, mul, add, mul, tanh, add, mul, mul, row scale) on bf16
+// [8192, 4096]: one generated kernel against the ten kernels run one by one. Bytes moved: x read and the output
+// written once (the bias and the row scales are small). Peer: bench/peers/gpu_pointwise.py.
+TEST(CudaBench, PointwiseRun) {
+  if (!benchmarks_wanted()) GTEST_SKIP() << "set NPUSIM_CUDA_BENCH=1 to run the benchmarks";
+  const Shape shape{8192, 4096};
+  const test::GeluBlock block = test::gelu_block(DType::BFloat16, shape, false);
+  const test::Built& b = block.built;
+  const double bytes = 2.0 * 2.0 * static_cast<double>(shape_numel(shape));
+  for (const bool fuse : {true, false}) {
+    cuda::CudaBackend backend({.fuse_kernels = fuse});
+    const auto prepared = backend.prepare(test::program_for(b.graph, DType::BFloat16), b.weights);
+    for (int run = 0; run < 3; ++run) prepared->run(b.inputs);
+    const double device = cuda::graph_replay_milliseconds(*prepared, 50);
+    std::printf("BENCH pointwise gelu block bf16 [8192, 4096] %s: %.4f ms device, %zu kernels, %.0f GB/s\n",
+                fuse ? "fused" : "unfused", device, prepared->last_timings().size(), bytes / device / 1e6);
+  }
 }
 
 }  // namespace

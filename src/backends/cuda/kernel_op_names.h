@@ -7,7 +7,7 @@
 
 namespace npusim::cuda {
 
-inline constexpr std::array<std::string_view, 85> kKernelOpNames = {
+inline constexpr std::array<std::string_view, 86> kKernelOpNames = {
     "abs",
     "adaptive_avg_pool2d",
     "add",
@@ -64,6 +64,7 @@ inline constexpr std::array<std::string_view, 85> kKernelOpNames = {
     "ne",
     "neg",
     "permute",
+    "pow",
     "reciprocal",
     "relu",
     "reshape",

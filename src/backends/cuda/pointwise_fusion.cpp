@@ -1,7 +1,6 @@
 #include "backends/cuda/pointwise_fusion.h"
 
 #include <algorithm>
-#include <limits>
 #include <map>
 
 #include "backends/cuda/pointwise_ops.h"
@@ -60,26 +59,11 @@ std::optional<std::vector<PointwiseStep>> node_steps(const Node& node, const std
   if (op == "silu_mul" && inputs == 2)
     return std::vector{unary({UnaryKind::Silu}, in[0]), binary(PointwiseBinary::Mul, first_value, in[1])};
   if (inputs != 1) return std::nullopt;
-  std::vector<UnaryStep> chain;
-  if (op == "pow") {
-    if (a.is_none("exponent") || !a.is_none("base")) return std::nullopt;
-    chain = {{UnaryKind::PowScalar, static_cast<float>(a.get_float("exponent"))}};
-  } else if (op == "to") {
-    chain = {{UnaryKind::Identity}};
-  } else if (op == "clamp") {
-    const bool has_low = !a.is_none("min"), has_high = !a.is_none("max");
-    if (!has_low && !has_high) return std::nullopt;
-    constexpr float kInfinity = std::numeric_limits<float>::infinity();
-    chain = {{UnaryKind::Clamp, has_low ? static_cast<float>(a.get_float("min")) : -kInfinity,
-              has_high ? static_cast<float>(a.get_float("max")) : kInfinity}};
-  } else if (op == "elementwise_chain") {
-    std::optional<std::vector<UnaryStep>> steps = cpu::chain_steps(a);
+  std::vector<UnaryStep> chain{{UnaryKind::Identity}};  // "to" between float storages
+  if (op != "to") {
+    std::optional<std::vector<UnaryStep>> steps = float_steps_of(node);
     if (!steps) return std::nullopt;
     chain = std::move(*steps);
-  } else if (std::optional<UnaryStep> step = cpu::unary_step(op, a)) {
-    chain = {*step};
-  } else {
-    return std::nullopt;
   }
   std::vector<PointwiseStep> steps;
   for (size_t s = 0; s < chain.size(); ++s)

@@ -33,28 +33,31 @@ std::optional<Launch> unary_chain(const OpContext& ctx, const std::vector<cpu::U
 }
 
 std::optional<Launch> generated_unary_op(const OpContext& ctx) {
-  const std::optional<cpu::UnaryStep> step = cpu::unary_step(ctx.node.op, ctx.node.attrs);
-  if (!step) return std::nullopt;
-  return unary_chain(ctx, {*step});
-}
-
-std::optional<Launch> clamp_op(const OpContext& ctx) {
-  const Attrs& attrs = ctx.node.attrs;
-  const bool has_low = !attrs.is_none("min"), has_high = !attrs.is_none("max");
-  if (ctx.inputs.size() != 1 || (!has_low && !has_high)) return std::nullopt;
-  constexpr float kInfinity = std::numeric_limits<float>::infinity();
-  const cpu::UnaryStep step{cpu::UnaryKind::Clamp, has_low ? static_cast<float>(attrs.get_float("min")) : -kInfinity,
-                            has_high ? static_cast<float>(attrs.get_float("max")) : kInfinity};
-  return unary_chain(ctx, {step});
-}
-
-std::optional<Launch> elementwise_chain_op(const OpContext& ctx) {
-  const std::optional<std::vector<cpu::UnaryStep>> steps = cpu::chain_steps(ctx.node.attrs);
+  const std::optional<std::vector<cpu::UnaryStep>> steps = float_steps_of(ctx.node);
   if (!steps) return std::nullopt;
   return unary_chain(ctx, *steps);
 }
 
 }  // namespace
+
+std::optional<std::vector<cpu::UnaryStep>> float_steps_of(const Node& node) {
+  const Attrs& a = node.attrs;
+  if (node.op == "elementwise_chain") return cpu::chain_steps(a);
+  if (node.op == "clamp") {
+    const bool has_low = !a.is_none("min"), has_high = !a.is_none("max");
+    if (!has_low && !has_high) return std::nullopt;
+    constexpr float kInfinity = std::numeric_limits<float>::infinity();
+    return std::vector<cpu::UnaryStep>{{cpu::UnaryKind::Clamp,
+                                        has_low ? static_cast<float>(a.get_float("min")) : -kInfinity,
+                                        has_high ? static_cast<float>(a.get_float("max")) : kInfinity}};
+  }
+  if (node.op == "pow") {
+    if (a.is_none("exponent") || !a.is_none("base")) return std::nullopt;
+    return std::vector<cpu::UnaryStep>{{cpu::UnaryKind::PowScalar, static_cast<float>(a.get_float("exponent"))}};
+  }
+  if (std::optional<cpu::UnaryStep> step = cpu::unary_step(node.op, a)) return std::vector{*step};
+  return std::nullopt;
+}
 
 std::optional<Launch> generated_pointwise(const Node& node, PointwiseKernel kernel, const DeviceValue& out,
                                           const std::vector<DeviceValue>& inputs) {
@@ -87,8 +90,7 @@ void add_generated_pointwise_ops(std::map<std::string, OpFactory>& table) {
         "cos",   "tan",      "atan",      "erf",         "abs",        "sign", "floor",    "ceil",       "trunc",
         "round", "hardtanh", "hardswish", "hardsigmoid", "leaky_relu", "elu",  "softplus", "mish"})
     table.emplace(op, generated_unary_op);
-  table.emplace("clamp", clamp_op);
-  table.emplace("elementwise_chain", elementwise_chain_op);
+  for (const char* op : {"clamp", "pow", "elementwise_chain"}) table.emplace(op, generated_unary_op);
 }
 
 }  // namespace npusim::cuda
