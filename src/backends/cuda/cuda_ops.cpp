@@ -238,6 +238,7 @@ bool is_comparison(BinaryOp op) {
 }
 
 std::optional<Launch> binary_op(const OpContext& ctx) {
+  if (std::optional<Launch> generated = generated_node(ctx)) return generated;
   const BinaryOp op = kBinaryOps.at(ctx.node.op);
   const Attrs& a = ctx.node.attrs;
   if (ctx.outputs.size() != 1 || ctx.inputs.empty() || ctx.inputs.size() > 2) return std::nullopt;
@@ -302,6 +303,7 @@ std::optional<UnaryOp> unary_of(const std::string& op, const Attrs& attrs) {
 }
 
 std::optional<Launch> unary_op(const OpContext& ctx) {
+  if (std::optional<Launch> generated = generated_node(ctx)) return generated;
   if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
   const DeviceValue in = ctx.inputs[0], out = ctx.outputs[0];
   if (!cpu::is_float_elem(in.elem) || !cpu::is_float_elem(out.elem) || in.numel() != out.numel()) return std::nullopt;

@@ -222,18 +222,28 @@ int64_t element_count(const PointwiseKernel& kernel) { return shape_numel(kernel
 int vector_lanes(const PointwiseKernel& kernel, const std::vector<const void*>& addresses) {
   const Layout layout = simplify(kernel);
   size_t widest = elem_bytes(kernel.out_elem);
-  for (size_t k = 0; k < kernel.inputs.size(); ++k) {
-    if (!layout.contiguous[k]) return 1;
-    widest = std::max(widest, elem_bytes(kernel.inputs[k].elem));
-  }
+  for (const PointwiseInput& input : kernel.inputs) widest = std::max(widest, elem_bytes(input.elem));
   const int lanes = widest == 2 ? 8 : 4;
-  if (element_count(kernel) < lanes) return 1;
+  if (element_count(kernel) < lanes || addresses.size() != kernel.inputs.size() + 1) return 1;
   auto aligned = [&](const void* address, Elem elem) {
     return address_alignment(address) >= static_cast<uint32_t>(lanes) * elem_bytes(elem);
   };
-  if (addresses.size() != kernel.inputs.size() + 1 || !aligned(addresses[0], kernel.out_elem)) return 1;
-  for (size_t k = 0; k < kernel.inputs.size(); ++k)
-    if (!aligned(addresses[k + 1], kernel.inputs[k].elem)) return 1;
+  if (!aligned(addresses[0], kernel.out_elem)) return 1;
+  // A strided input: the lanes of a vector must lie in one innermost row, which the input reads contiguously
+  // (aligned like the output) or broadcasts.
+  const int64_t inner = layout.sizes.empty() ? 1 : layout.sizes.back();
+  for (size_t k = 0; k < kernel.inputs.size(); ++k) {
+    if (layout.contiguous[k]) {
+      if (!aligned(addresses[k + 1], kernel.inputs[k].elem)) return 1;
+      continue;
+    }
+    const std::vector<int64_t>& strides = layout.strides[k];
+    if (inner % lanes != 0) return 1;
+    if (strides.back() == 0) continue;
+    if (strides.back() != 1 || !aligned(addresses[k + 1], kernel.inputs[k].elem)) return 1;
+    for (size_t d = 0; d + 1 < strides.size(); ++d)
+      if (strides[d] % lanes != 0) return 1;
+  }
   return lanes;
 }
 
@@ -271,21 +281,60 @@ std::string pointwise_source(const PointwiseKernel& kernel) {
   };
   const int output_value = static_cast<int>(inputs + kernel.steps.size()) - 1;
 
+  // Offsets of the strided inputs for the element at `index`, decomposed over the layout's sizes (constants), in
+  // 32-bit arithmetic where every index fits: division by a constant is then a multiply-high.
+  int64_t largest = count;
+  for (size_t k = 0; k < inputs; ++k) {
+    int64_t reach = 0;
+    for (size_t d = 0; d < layout.sizes.size(); ++d) reach += (layout.sizes[d] - 1) * layout.strides[k][d];
+    largest = std::max(largest, reach + 1);
+  }
+  const bool narrow = largest <= std::numeric_limits<int32_t>::max();
+  const std::string type = narrow ? "unsigned" : "long long", suffix = narrow ? "u" : "LL";
+  const auto emit_offsets = [&](const std::string& index, const std::string& indent) {
+    std::vector<std::string> offsets(inputs, index);
+    if (std::all_of(layout.contiguous.begin(), layout.contiguous.end(), [](bool c) { return c; })) return offsets;
+    s << indent << type << " rest = (" << type << ")" << index << ";\n";
+    for (size_t k = 0; k < inputs; ++k)
+      if (!layout.contiguous[k]) {
+        offsets[k] = std::string("o").append(std::to_string(k));
+        s << indent << type << " " << offsets[k] << " = 0;\n";
+      }
+    for (size_t d = layout.sizes.size(); d-- > 0;) {
+      const std::string size = std::to_string(layout.sizes[d]) + suffix;
+      s << indent << "{\n" << indent << "  const " << type << " c = " << (d == 0 ? "rest" : "rest % " + size) << ";\n";
+      if (d > 0) s << indent << "  rest /= " << size << ";\n";
+      for (size_t k = 0; k < inputs; ++k)
+        if (!layout.contiguous[k] && layout.strides[k][d] != 0)
+          s << indent << "  " << offsets[k] << " += c * " << layout.strides[k][d] << suffix << ";\n";
+      s << indent << "}\n";
+    }
+    return offsets;
+  };
+
   if (lanes > 1) {
-    // Vector body: every operand contiguous and aligned.
+    // Vector body: the output and each input read contiguously are moved 16 (or 8) bytes at a time; an input that
+    // broadcasts along the innermost dim is read once for all lanes.
     s << "  if (first + " << lanes << " <= " << count << "LL) {\n";
+    const std::vector<std::string> offsets = emit_offsets("first", "    ");
     const auto vector_type = [&](Elem elem) { return elem_bytes(elem) * lanes == 16 ? "uint4" : "uint2"; };
     for (size_t k = 0; k < inputs; ++k) {
       const Elem elem = kernel.inputs[k].elem;
-      s << "    const " << vector_type(elem) << " r" << k << " = *reinterpret_cast<const " << vector_type(elem)
-        << "*>(in" << k << " + first);\n";
+      const std::string name = std::to_string(k);
+      if (!layout.contiguous[k] && layout.strides[k].back() == 0) {
+        s << "    const float b" << name << " = " << load(elem, "in" + name + "[" + offsets[k] + "]") << ";\n";
+        for (int lane = 0; lane < lanes; ++lane)
+          s << "    const float " << value_name(static_cast<int>(k), lane_suffix(lane)) << " = b" << name << ";\n";
+        continue;
+      }
+      s << "    const " << vector_type(elem) << " r" << name << " = *reinterpret_cast<const " << vector_type(elem)
+        << "*>(in" << name << " + " << offsets[k] << ");\n";
       for (int lane = 0; lane < lanes; ++lane) {
         std::string word;
         if (elem == Elem::F32) {
-          word = "__uint_as_float(r" + std::to_string(k) + "." + "xyzw"[lane] + ")";
+          word = "__uint_as_float(r" + name + "." + "xyzw"[lane] + ")";
         } else {
-          word = std::string("(unsigned short)(r") + std::to_string(k) + "." + "xyzw"[lane / 2] +
-                 (lane % 2 ? " >> 16)" : ")");
+          word = std::string("(unsigned short)(r") + name + "." + "xyzw"[lane / 2] + (lane % 2 ? " >> 16)" : ")");
         }
         s << "    const float " << value_name(static_cast<int>(k), lane_suffix(lane)) << " = "
           << (elem == Elem::F32 ? word : load(elem, word)) << ";\n";
@@ -312,35 +361,7 @@ std::string pointwise_source(const PointwiseKernel& kernel) {
   // Element by element: the tail of the vector body, or every element.
   s << "  for (int lane = 0; lane < " << lanes << " && first + lane < " << count << "LL; ++lane) {\n";
   s << "    const long long i = first + lane;\n";
-  bool any_strided = false;
-  for (size_t k = 0; k < inputs; ++k) any_strided = any_strided || !layout.contiguous[k];
-  std::vector<std::string> offsets(inputs, "i");
-  if (any_strided) {
-    // 32-bit index arithmetic where every index fits: division by a constant is then a multiply-high.
-    int64_t largest = count;
-    for (size_t k = 0; k < inputs; ++k) {
-      int64_t reach = 0;
-      for (size_t d = 0; d < layout.sizes.size(); ++d) reach += (layout.sizes[d] - 1) * layout.strides[k][d];
-      largest = std::max(largest, reach + 1);
-    }
-    const bool narrow = largest <= std::numeric_limits<int32_t>::max();
-    const std::string type = narrow ? "unsigned" : "long long", suffix = narrow ? "u" : "LL";
-    s << "    " << type << " rest = (" << type << ")i;\n";
-    for (size_t k = 0; k < inputs; ++k)
-      if (!layout.contiguous[k]) {
-        offsets[k] = std::string("o").append(std::to_string(k));
-        s << "    " << type << " " << offsets[k] << " = 0;\n";
-      }
-    for (size_t d = layout.sizes.size(); d-- > 0;) {
-      const std::string size = std::to_string(layout.sizes[d]) + suffix;
-      s << "    {\n      const " << type << " c = " << (d == 0 ? "rest" : "rest % " + size) << ";\n";
-      if (d > 0) s << "      rest /= " << size << ";\n";
-      for (size_t k = 0; k < inputs; ++k)
-        if (!layout.contiguous[k] && layout.strides[k][d] != 0)
-          s << "      " << offsets[k] << " += c * " << layout.strides[k][d] << suffix << ";\n";
-      s << "    }\n";
-    }
-  }
+  const std::vector<std::string> offsets = emit_offsets("i", "    ");
   for (size_t k = 0; k < inputs; ++k)
     s << "    const float " << value_name(static_cast<int>(k), "") << " = "
       << load(kernel.inputs[k].elem, "in" + std::to_string(k) + "[" + offsets[k] + "]") << ";\n";

@@ -10,67 +10,6 @@ namespace npusim::cuda {
 
 namespace {
 
-using cpu::UnaryKind;
-using cpu::UnaryStep;
-
-PointwiseStep unary(UnaryStep step, int a) {
-  PointwiseStep made;
-  made.unary = step;
-  made.a = a;
-  return made;
-}
-
-PointwiseStep binary(PointwiseBinary op, int a, int b, float alpha = 1.0f) {
-  PointwiseStep made;
-  made.binary = op;
-  made.a = a;
-  made.b = b;
-  made.alpha = alpha;
-  return made;
-}
-
-// The steps of one node reading values `in` (one per node input); each step's value follows the one before, the
-// first being `first_value`. Nothing when the node is not pointwise here.
-std::optional<std::vector<PointwiseStep>> node_steps(const Node& node, const std::vector<int>& in, int first_value) {
-  const Attrs& a = node.attrs;
-  const std::string& op = node.op;
-  const size_t inputs = in.size();
-  const auto alpha = static_cast<float>(a.get_float("alpha", 1.0));
-  if (op == "add" || op == "sub") {
-    const bool add = op == "add";
-    if (inputs == 2) return std::vector{binary(add ? PointwiseBinary::Add : PointwiseBinary::Sub, in[0], in[1], alpha)};
-    if (inputs == 1 && !a.is_none("other")) {
-      const auto other = static_cast<float>(a.get_float("other")) * alpha;
-      return std::vector{unary({UnaryKind::AddScalar, add ? other : -other}, in[0])};
-    }
-    return std::nullopt;
-  }
-  if (op == "mul" || op == "div") {
-    if (!a.is_none("alpha") || (op == "div" && !a.is_none("rounding_mode"))) return std::nullopt;
-    const bool mul = op == "mul";
-    if (inputs == 2) return std::vector{binary(mul ? PointwiseBinary::Mul : PointwiseBinary::Div, in[0], in[1])};
-    if (inputs == 1 && !a.is_none("other"))
-      return std::vector{
-          unary({mul ? UnaryKind::MulScalar : UnaryKind::DivScalar, static_cast<float>(a.get_float("other"))}, in[0])};
-    return std::nullopt;
-  }
-  if (op == "add_relu" && inputs == 2)
-    return std::vector{binary(PointwiseBinary::Add, in[0], in[1]), unary({UnaryKind::Relu}, first_value)};
-  if (op == "silu_mul" && inputs == 2)
-    return std::vector{unary({UnaryKind::Silu}, in[0]), binary(PointwiseBinary::Mul, first_value, in[1])};
-  if (inputs != 1) return std::nullopt;
-  std::vector<UnaryStep> chain{{UnaryKind::Identity}};  // "to" between float storages
-  if (op != "to") {
-    std::optional<std::vector<UnaryStep>> steps = float_steps_of(node);
-    if (!steps) return std::nullopt;
-    chain = std::move(*steps);
-  }
-  std::vector<PointwiseStep> steps;
-  for (size_t s = 0; s < chain.size(); ++s)
-    steps.push_back(unary(chain[s], s == 0 ? in[0] : first_value + static_cast<int>(s) - 1));
-  return steps;
-}
-
 class RunBuilder {
  public:
   RunBuilder(const FusionSite& site, const std::vector<std::vector<size_t>>& consumers)
@@ -84,7 +23,7 @@ class RunBuilder {
     if (out.meta.shape != shape || !cpu::is_float_elem(out.elem) || site_.is_state(node.outputs[0])) return false;
     for (ValueId id : node.inputs)
       if (!cpu::is_float_elem(site_.value_at(id).elem)) return false;
-    return node_steps(node, std::vector<int>(node.inputs.size(), 0), 0).has_value();
+    return pointwise_steps_of(node, std::vector<int>(node.inputs.size(), 0), 0).has_value();
   }
 
   // Whether every value nodes first..last-1 make is read only by nodes first..last.
@@ -112,7 +51,7 @@ class RunBuilder {
       for (ValueId id : graph_.nodes[n].inputs) {
         if (produced_inside(id) || std::find(externals.begin(), externals.end(), id) != externals.end()) continue;
         const DeviceValue value = site_.value_at(id);
-        if (!safe_beside_output(value, out)) return std::nullopt;
+        if (!readable_beside(value, out)) return std::nullopt;
         externals.push_back(id);
         inputs.push_back(value);
         kernel.inputs.push_back({value.elem, ops::broadcast_strides(value.meta.shape, kernel.shape)});
@@ -125,7 +64,7 @@ class RunBuilder {
       std::vector<int> in;
       for (ValueId id : node.inputs) in.push_back(value_of.at(id));
       const int first_value = static_cast<int>(externals.size() + kernel.steps.size());
-      std::optional<std::vector<PointwiseStep>> steps = node_steps(node, in, first_value);
+      std::optional<std::vector<PointwiseStep>> steps = pointwise_steps_of(node, in, first_value);
       if (!steps) return std::nullopt;
       kernel.steps.insert(kernel.steps.end(), steps->begin(), steps->end());
       value_of[node.outputs[0]] = static_cast<int>(externals.size() + kernel.steps.size()) - 1;
@@ -137,17 +76,6 @@ class RunBuilder {
   }
 
  private:
-  // The kernel reads element i of an input only in the thread that writes element i of the output: an input may
-  // share the output's memory only where it is read at the same index.
-  static bool safe_beside_output(const DeviceValue& input, const DeviceValue& out) {
-    const std::byte* in_begin = input.data;
-    const std::byte* in_end = input.data + input.bytes();
-    const std::byte* out_begin = out.data;
-    const std::byte* out_end = out.data + out.bytes();
-    if (in_end <= out_begin || out_end <= in_begin) return true;
-    return in_begin == out_begin && input.elem == out.elem && input.meta.shape == out.meta.shape;
-  }
-
   const FusionSite& site_;
   const Graph& graph_;
   const std::vector<std::vector<size_t>>& consumers_;

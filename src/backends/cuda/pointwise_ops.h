@@ -14,6 +14,20 @@ namespace npusim::cuda {
 // hand-written kernel.
 void add_generated_pointwise_ops(std::map<std::string, OpFactory>& table);
 
+// The steps of one pointwise node reading values `in` (one per node input): add, sub, mul and div (a tensor or a
+// number operand), add_relu, silu_mul, "to" between float storages, and what float_steps_of takes. Each step's value
+// follows the one before, the first being `first_value`. Nothing where the node is not pointwise here.
+std::optional<std::vector<PointwiseStep>> pointwise_steps_of(const Node& node, const std::vector<int>& in,
+                                                             int first_value);
+
+// One pointwise node (float storage throughout, inputs broadcast to its output) as a generated kernel, or nothing.
+std::optional<Launch> generated_node(const OpContext& ctx);
+
+// Whether a generated kernel may read `input` while writing `out`: it reads element i of an input only in the thread
+// that writes element i of the output, so an input may share the output's memory only where it is read at the same
+// index.
+bool readable_beside(const DeviceValue& input, const DeviceValue& out);
+
 // The fp32 steps of a one-input pointwise node (a unary op, clamp or pow with numbers, an elementwise_chain), or
 // nothing.
 std::optional<std::vector<cpu::UnaryStep>> float_steps_of(const Node& node);
