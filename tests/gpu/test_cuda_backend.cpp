@@ -70,6 +70,8 @@ std::vector<Case> elementwise_cases() {
   cases.push_back(make("pow", {f({3, 37})}, attrs({{"exponent", F(3.0)}})));
   cases.push_back(make("pow", {positive({1001})}, attrs({{"exponent", F(0.5)}}), "square root"));
   cases.push_back(make("pow", {f({8, 1024})}, attrs({{"exponent", I(2)}}), "int exponent"));
+  for (const double exponent : {4.0, -1.0, -2.0, -0.5, 1.5})
+    cases.push_back(make("pow", {positive({3, 37})}, attrs({{"exponent", F(exponent)}}), std::to_string(exponent)));
   cases.push_back(fallback(make("pow", {positive({9}), f({9})}, {}, "tensor exponent")));
   const Attrs chain = attrs({{"ops", S("mul,add,tanh,pow,sub,div,sigmoid,leaky_relu,gelu")},
                              {"scalars", FL({0.5, 1.0, 0.0, 2.0, 0.25, 3.0, 0.0, 0.1, 0.0})}});

@@ -139,6 +139,12 @@ std::string unary_expression(const cpu::UnaryStep& s, const std::string& x) {
       if (s.p0 == 2.0f) return "(" + x + " * " + x + ")";
       if (s.p0 == 1.0f) return x;
       if (s.p0 == 0.5f) return "sqrtf(" + x + ")";
+      // Small whole and half exponents as multiplies and square roots (powf costs a log and an exp).
+      if (s.p0 == 3.0f) return "(" + x + " * " + x + " * " + x + ")";
+      if (s.p0 == 4.0f) return "((" + x + " * " + x + ") * (" + x + " * " + x + "))";
+      if (s.p0 == -1.0f) return "(1.0f / " + x + ")";
+      if (s.p0 == -2.0f) return "(1.0f / (" + x + " * " + x + "))";
+      if (s.p0 == -0.5f) return "(1.0f / sqrtf(" + x + "))";
       return "powf(" + x + ", " + p0 + ")";
   }
   fail("pointwise kernel: unknown unary step");
