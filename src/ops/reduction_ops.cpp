@@ -21,19 +21,6 @@ std::vector<AtenSpelling> spellings(std::initializer_list<std::string> op_types)
 // ---------------------------------------------------------------------------------------------------------------
 // Reduction geometry
 
-// Which dims of a rank-`rank` tensor are reduced: the `dim` list, where null or [] means every dim.
-std::vector<bool> reduced_dims(const Attrs& attrs, int64_t rank) {
-  const std::vector<int64_t> dims = attrs.get_ints("dim", {});
-  std::vector<bool> reduced(static_cast<size_t>(rank), dims.empty());
-  for (int64_t dim : dims) {
-    const int64_t d = normalize_dim(dim, rank);
-    if (rank == 0) continue;  // dim 0 or -1 of a 0-d tensor reduces nothing
-    if (reduced[static_cast<size_t>(d)]) fail("dim " + std::to_string(dim) + " appears more than once in the list");
-    reduced[static_cast<size_t>(d)] = true;
-  }
-  return reduced;
-}
-
 std::vector<bool> single_dim(int64_t dim, int64_t rank) {
   const int64_t d = normalize_dim(dim, rank);
   std::vector<bool> reduced(static_cast<size_t>(rank), false);

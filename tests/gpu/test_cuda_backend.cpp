@@ -171,6 +171,39 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("linear", {f({1, 64}), w({37, 64}), w({37})}, {}, "gemv"));
   cases.push_back(make("linear", {f({1, 1, 2048}), w({300, 2048})}, {}, "gemv split rows"));
   cases.push_back(make("linear", {f({1, 72}), w({40000, 72}), w({40000})}, {}, "gemv many rows"));
+  // Products of two activations on cuBLASLt; batch dims that broadcast partially run on the host.
+  cases.push_back(make("mm", {f({7, 33}), f({33, 5})}));
+  cases.push_back(make("bmm", {f({3, 7, 9}), f({3, 9, 4})}));
+  cases.push_back(make("matmul", {f({2, 3, 5, 8}), f({2, 3, 8, 6})}, {}, "4-d"));
+  cases.push_back(make("matmul", {f({4, 5, 8}), f({8, 3})}, {}, "shared right"));
+  cases.push_back(make("matmul", {f({8}), f({2, 8, 3})}, {}, "vector left"));
+  cases.push_back(make("matmul", {f({3, 8}), f({8})}, {}, "vector right"));
+  cases.push_back(make("matmul", {f({5, 1, 8}), f({5, 8, 1})}, {}, "odd"));
+  cases.push_back(fallback(make("matmul", {f({2, 1, 5, 8}), f({1, 3, 8, 4})}, {}, "broadcast batch")));
+  cases.push_back(make("addmm", {w({5}), f({7, 33}), f({33, 5})}));
+  cases.push_back(make("addmm", {f({7, 5}), f({7, 33}), f({33, 5})}, {}, "full bias"));
+  cases.push_back(fallback(make("addmm", {w({5}), f({7, 3}), f({3, 5})}, attrs({{"alpha", F(2.0)}}), "alpha")));
+  // Normalizations and reductions.
+  const Attrs last = attrs({{"normalized_shape", L({37})}});
+  cases.push_back(make("layer_norm", {f({3, 37}), w({37}), w({37})}, last));
+  cases.push_back(make("layer_norm", {f({3, 37})}, last, "no affine"));
+  cases.push_back(make("layer_norm", {f({3, 37}), w({37})}, last, "weight only"));
+  cases.push_back(
+      make("layer_norm", {f({2, 5, 6}), w({5, 6}), w({5, 6})}, attrs({{"normalized_shape", L({5, 6})}}), "two dims"));
+  cases.push_back(make("layer_norm", {f({2, 4097}), w({4097}), w({4097})},
+                       attrs({{"normalized_shape", L({4097})}, {"eps", F(1e-3)}}), "long rows"));
+  cases.push_back(make("layer_norm", {f({0, 8})}, attrs({{"normalized_shape", L({8})}}), "empty"));
+  cases.push_back(make("native_layer_norm", {f({4, 9}), w({9}), w({9})}, attrs({{"normalized_shape", L({9})}})));
+  cases.push_back(make("sum", {f({3, 37})}, attrs({{"dim", L({1})}, {"keepdim", B(true)}})));
+  cases.push_back(make("sum", {f({2, 3, 5, 7})}, attrs({{"dim", L({2, 3})}}), "inner dims"));
+  cases.push_back(make("sum", {f({0, 4})}, attrs({{"dim", L({0})}}), "nothing to sum"));
+  cases.push_back(make("mean", {f({3, 1001})}, attrs({{"dim", L({-1})}})));
+  cases.push_back(make("mean", {f({2, 3, 5})}, {}, "everything"));
+  cases.push_back(make("mean", {f({5, 3, 7})}, attrs({{"dim", L({0, 2})}, {"keepdim", B(true)}}), "outer dims"));
+  cases.push_back(make("mean", {f({3, 0})}, attrs({{"dim", L({1})}}), "empty rows"));
+  cases.push_back(make("amax", {f({9, 33})}, attrs({{"dim", L({0})}})));
+  cases.push_back(make("amin", {f({4, 6, 5})}, attrs({{"dim", L({0, 2})}})));
+  cases.push_back(fallback(make("sum", {ints({3, 5}, -4, 4)}, attrs({{"dim", L({1})}}), "int64")));
   cases.push_back(
       make("conv2d", {f({1, 3, 9, 9}), w({4, 3, 3, 3}), w({4})}, attrs({{"stride", L({2})}, {"padding", L({1})}})));
   cases.push_back(make("conv2d", {f({2, 4, 7, 8}), w({6, 2, 3, 2})},

@@ -14,6 +14,7 @@
 #include "backends/cuda/cudnn_conv.h"
 #include "backends/cuda/device_kernels.h"
 #include "backends/cuda/pointwise_ops.h"
+#include "backends/cuda/reduction_ops.h"
 #include "ops/op_util.h"
 
 namespace npusim::cuda {
@@ -380,6 +381,32 @@ std::optional<Launch> rms_norm_op(const OpContext& ctx) {
   };
 }
 
+std::optional<Launch> layer_norm_op(const OpContext& ctx) {
+  if (ctx.inputs.empty() || ctx.inputs.size() > 3 || (ctx.outputs.size() != 1 && ctx.outputs.size() != 3))
+    return std::nullopt;
+  const DeviceValue x = ctx.inputs[0], out = ctx.outputs[0];
+  int64_t row_size = 1;
+  for (int64_t size : ctx.node.attrs.get_ints("normalized_shape")) row_size *= size;
+  if (!cpu::is_float_elem(x.elem) || !cpu::is_float_elem(out.elem) || x.numel() != out.numel()) return std::nullopt;
+  for (size_t i = 1; i < ctx.inputs.size(); ++i)
+    if (ctx.inputs[i].numel() != row_size || !cpu::is_float_elem(ctx.inputs[i].elem)) return std::nullopt;
+  const Operand weight = ctx.inputs.size() >= 2 ? as_operand(ctx.inputs[1]) : none();
+  const Operand bias = ctx.inputs.size() == 3 ? as_operand(ctx.inputs[2]) : none();
+  Operand mean = none(), rstd = none();
+  if (ctx.outputs.size() == 3) {
+    if (!cpu::is_float_elem(ctx.outputs[1].elem) || !cpu::is_float_elem(ctx.outputs[2].elem)) return std::nullopt;
+    mean = as_operand(ctx.outputs[1]);
+    rstd = as_operand(ctx.outputs[2]);
+  }
+  const double eps = ctx.node.attrs.get_float("eps", 1e-5);
+  const int64_t rows = row_size > 0 ? x.numel() / row_size : 0;
+  return [node = &ctx.node, rows, row_size, eps, out, x, weight, bias, mean, rstd](cudaStream_t stream) {
+    check_launch(launch_layer_norm(stream, rows, row_size, eps, out.data, elem_code(out.elem), as_operand(x), weight,
+                                   bias, mean, rstd),
+                 "launch_layer_norm", *node);
+  };
+}
+
 std::optional<Launch> embedding_op(const OpContext& ctx) {
   if (ctx.inputs.size() != 2 || ctx.outputs.size() != 1) return std::nullopt;
   const DeviceValue table = ctx.inputs[0], indices = ctx.inputs[1], out = ctx.outputs[0];
@@ -628,6 +655,63 @@ std::optional<Launch> linear_op(const OpContext& ctx) {
     check_launch(launch_linear(stream, m, n, k, out.data, elem_code(out.elem), as_operand(x), as_operand(w), bias),
                  "launch_linear", *node);
   };
+}
+
+// matmul, mm, bmm and addmm (inputs bias, a, b) on cuBLASLt: a[..., rows, depth] · b[..., depth, cols] with 1-D
+// operands promoted to matrices. The batch dims either match, or belong to one side only (a shared right operand
+// folds the batch into the rows of one product); other broadcasts, and storages that differ, run on the host.
+std::optional<Launch> matmul_op(const OpContext& ctx) {
+  const bool addmm = ctx.node.op == "addmm";
+  if (ctx.inputs.size() != (addmm ? 3u : 2u) || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue a = ctx.inputs[addmm ? 1 : 0], b = ctx.inputs[addmm ? 2 : 1], out = ctx.outputs[0];
+  if (!cpu::is_float_elem(out.elem) || a.elem != out.elem || b.elem != out.elem) return std::nullopt;
+  Shape a_shape = a.meta.shape, b_shape = b.meta.shape;
+  if (a_shape.empty() || b_shape.empty()) return std::nullopt;
+  if (a_shape.size() == 1) a_shape.insert(a_shape.begin(), 1);
+  if (b_shape.size() == 1) b_shape.push_back(1);
+  const int64_t rows = a_shape[a_shape.size() - 2], depth = a_shape.back(), cols = b_shape.back();
+  if (b_shape[b_shape.size() - 2] != depth) return std::nullopt;
+  const int64_t a_batch = shape_numel(Shape(a_shape.begin(), a_shape.end() - 2));
+  const int64_t b_batch = shape_numel(Shape(b_shape.begin(), b_shape.end() - 2));
+  const int64_t batch = rows * cols > 0 ? out.numel() / (rows * cols) : 0;
+  if (out.numel() == 0 || depth == 0) return std::nullopt;  // nothing to multiply: the reference fills it
+  GemmSpec spec;
+  spec.cols = cols;
+  spec.depth = depth;
+  spec.elem = elem_code(out.elem);
+  if (b_batch == 1 && a_batch == batch) {
+    spec.rows = rows * batch;
+  } else if ((a_batch == batch || a_batch == 1) && b_batch == batch) {
+    spec.rows = rows;
+    spec.batch = batch;
+    spec.a_batch_stride = a_batch == 1 ? 0 : rows * depth;
+    spec.b_batch_stride = depth * cols;
+    spec.d_batch_stride = rows * cols;
+  } else {
+    return std::nullopt;
+  }
+  GemmOperands operands{a.data, b.data, nullptr, nullptr, out.data};
+  if (addmm) {
+    const DeviceValue bias = ctx.inputs[0];
+    if (ctx.node.attrs.get_float("alpha", 1.0) != 1.0 || ctx.node.attrs.get_float("beta", 1.0) != 1.0 ||
+        bias.elem != out.elem)
+      return std::nullopt;
+    if (bias.numel() == cols && (bias.meta.shape.size() == 1 || bias.meta.shape[0] == 1)) {
+      spec.bias = GemmSpec::Bias::PerColumn;
+      operands.bias = bias.data;
+    } else if (bias.meta.shape == out.meta.shape) {
+      spec.accumulate = true;
+      operands.c = bias.data;
+    } else {
+      return std::nullopt;
+    }
+  }
+  Blas* blas = Blas::instance();
+  if (!blas || std::max({spec.rows, cols, depth}) >= std::numeric_limits<int>::max()) return std::nullopt;
+  const std::string label = describe_node(ctx.node);
+  auto plan = blas->plan(spec, operands, ctx.stream, label);
+  if (!plan) return std::nullopt;
+  return [plan, label](cudaStream_t stream) { plan->run(stream, label); };
 }
 
 // ---- CNN ----
@@ -1045,6 +1129,7 @@ std::map<std::string, OpFactory> build_table() {
   table["where"] = where_op;
   table["rope"] = rope_op;
   table["rms_norm"] = rms_norm_op;
+  for (const char* op : {"layer_norm", "native_layer_norm"}) table[op] = layer_norm_op;
   table["embedding"] = embedding_op;
   table["index_copy"] = index_copy_op;
   table["index"] = index_op;
@@ -1052,11 +1137,13 @@ std::map<std::string, OpFactory> build_table() {
   table["softmax"] = softmax_op;
   table["attention"] = attention_op;
   table["linear"] = linear_op;
+  for (const char* op : {"matmul", "mm", "bmm", "addmm"}) table[op] = matmul_op;
   table["conv2d"] = conv_op;
   table["fused_conv2d"] = conv_op;
   table["max_pool2d"] = max_pool_op;
   table["adaptive_avg_pool2d"] = adaptive_avg_pool_op;
   add_generated_pointwise_ops(table);
+  add_generated_reduction_ops(table);
   return table;
 }
 

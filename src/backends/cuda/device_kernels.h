@@ -62,6 +62,10 @@ cudaError_t launch_rope(cudaStream_t stream, const Indexer& index, int64_t width
                         Operand cos, Operand sin);
 cudaError_t launch_rms_norm(cudaStream_t stream, int64_t rows, int64_t row_size, double eps, void* out, int out_elem,
                             Operand x, Operand weight);
+// (x - mean) / sqrt(var + eps) per row of `row_size`, times weight[c] and plus bias[c] where given (null data: none);
+// the rows' mean and 1/sqrt(var + eps) go to mean_out and rstd_out where given (native_layer_norm).
+cudaError_t launch_layer_norm(cudaStream_t stream, int64_t rows, int64_t row_size, double eps, void* out, int out_elem,
+                              Operand x, Operand weight, Operand bias, Operand mean_out, Operand rstd_out);
 // Rows of `table` [vocab, width] by int64 indices; an index out of range sets *error to 1 and writes zeros.
 cudaError_t launch_embedding(cudaStream_t stream, int64_t count, int64_t vocab, int64_t width, void* out, int out_elem,
                              Operand table, const int64_t* indices, int* error);

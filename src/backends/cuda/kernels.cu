@@ -308,6 +308,33 @@ __global__ void rms_norm_kernel(int64_t row_size, double eps, void* out, int out
   }
 }
 
+// Mean and variance in two passes over the row (it stays in L1/L2), as the reference computes them.
+__global__ void layer_norm_kernel(int64_t row_size, double eps, void* out, int out_elem, Operand x, Operand weight,
+                                  Operand bias, Operand mean_out, Operand rstd_out) {
+  __shared__ float reduce[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * row_size;
+  float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < row_size; c += blockDim.x) sum += load_f(x.data, x.elem, base + c);
+  const float mean = block_sum(sum, reduce) / static_cast<float>(row_size);
+  float squares = 0.0f;
+  for (int64_t c = threadIdx.x; c < row_size; c += blockDim.x) {
+    const float d = load_f(x.data, x.elem, base + c) - mean;
+    squares += d * d;
+  }
+  const double variance = static_cast<double>(block_sum(squares, reduce)) / static_cast<double>(row_size);
+  const float rstd = static_cast<float>(1.0 / sqrt(variance + eps));
+  for (int64_t c = threadIdx.x; c < row_size; c += blockDim.x) {
+    float v = (load_f(x.data, x.elem, base + c) - mean) * rstd;
+    if (weight.data) v *= load_f(weight.data, weight.elem, c);
+    if (bias.data) v += load_f(bias.data, bias.elem, c);
+    store_f(out, out_elem, base + c, v);
+  }
+  if (threadIdx.x == 0 && mean_out.data) {
+    store_f(const_cast<void*>(mean_out.data), mean_out.elem, blockIdx.x, mean);
+    store_f(const_cast<void*>(rstd_out.data), rstd_out.elem, blockIdx.x, rstd);
+  }
+}
+
 __global__ void embedding_kernel(int64_t n, int64_t vocab, int64_t width, void* out, int out_elem, Operand table,
                                  const int64_t* indices, int* error) {
   GRID_STRIDE(i, n) {
@@ -821,6 +848,14 @@ cudaError_t launch_rms_norm(cudaStream_t stream, int64_t rows, int64_t row_size,
                             Operand x, Operand weight) {
   if (rows > 0)
     rms_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(row_size, eps, out, out_elem, x, weight);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_layer_norm(cudaStream_t stream, int64_t rows, int64_t row_size, double eps, void* out, int out_elem,
+                              Operand x, Operand weight, Operand bias, Operand mean_out, Operand rstd_out) {
+  if (rows > 0 && row_size > 0)
+    layer_norm_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(row_size, eps, out, out_elem, x, weight,
+                                                                            bias, mean_out, rstd_out);
   return cudaGetLastError();
 }
 

@@ -16,7 +16,7 @@ namespace {
 using cpu::Elem;
 using cpu::UnaryKind;
 
-constexpr const char* kPrelude = R"(__device__ __forceinline__ float npusim_h2f(unsigned short h) {
+constexpr const char* kConversions = R"(__device__ __forceinline__ float npusim_h2f(unsigned short h) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
   return f;
@@ -167,20 +167,6 @@ std::string step_expression(const PointwiseStep& step, const std::string& a, con
   fail("pointwise kernel: unknown binary step");
 }
 
-const char* storage_type(Elem elem) { return elem == Elem::F32 ? "float" : "unsigned short"; }
-
-std::string load(Elem elem, const std::string& raw) {
-  if (elem == Elem::F16) return "npusim_h2f(" + raw + ")";
-  if (elem == Elem::BF16) return "npusim_bf2f(" + raw + ")";
-  return raw;
-}
-
-std::string store(Elem elem, const std::string& value) {
-  if (elem == Elem::F16) return "npusim_f2h(" + value + ")";
-  if (elem == Elem::BF16) return "npusim_f2bf(" + value + ")";
-  return value;
-}
-
 size_t elem_bytes(Elem elem) { return cpu::elem_size(elem); }
 
 // The shape with dims of size 1 dropped and neighbours every operand walks contiguously merged, with each input's
@@ -225,6 +211,22 @@ int64_t element_count(const PointwiseKernel& kernel) { return shape_numel(kernel
 
 }  // namespace
 
+const char* generated_prelude() { return kConversions; }
+
+const char* storage_type(cpu::Elem elem) { return elem == Elem::F32 ? "float" : "unsigned short"; }
+
+std::string load_as_float(cpu::Elem elem, const std::string& raw) {
+  if (elem == Elem::F16) return "npusim_h2f(" + raw + ")";
+  if (elem == Elem::BF16) return "npusim_bf2f(" + raw + ")";
+  return raw;
+}
+
+std::string store_from_float(cpu::Elem elem, const std::string& value) {
+  if (elem == Elem::F16) return "npusim_f2h(" + value + ")";
+  if (elem == Elem::BF16) return "npusim_f2bf(" + value + ")";
+  return value;
+}
+
 int vector_lanes(const PointwiseKernel& kernel, const std::vector<const void*>& addresses) {
   const Layout layout = simplify(kernel);
   size_t widest = elem_bytes(kernel.out_elem);
@@ -264,7 +266,7 @@ std::string pointwise_source(const PointwiseKernel& kernel) {
   const int64_t count = element_count(kernel);
   const int lanes = kernel.lanes;
   std::ostringstream s;
-  s << kPrelude;
+  s << generated_prelude();
   s << "extern \"C\" __global__ void __launch_bounds__(" << kPointwiseThreads << ") " << kPointwiseKernelName << "("
     << storage_type(kernel.out_elem) << "* out";
   for (size_t k = 0; k < inputs; ++k) s << ", const " << storage_type(kernel.inputs[k].elem) << "* in" << k;
@@ -328,7 +330,7 @@ std::string pointwise_source(const PointwiseKernel& kernel) {
       const Elem elem = kernel.inputs[k].elem;
       const std::string name = std::to_string(k);
       if (!layout.contiguous[k] && layout.strides[k].back() == 0) {
-        s << "    const float b" << name << " = " << load(elem, "in" + name + "[" + offsets[k] + "]") << ";\n";
+        s << "    const float b" << name << " = " << load_as_float(elem, "in" + name + "[" + offsets[k] + "]") << ";\n";
         for (int lane = 0; lane < lanes; ++lane)
           s << "    const float " << value_name(static_cast<int>(k), lane_suffix(lane)) << " = b" << name << ";\n";
         continue;
@@ -343,7 +345,7 @@ std::string pointwise_source(const PointwiseKernel& kernel) {
           word = std::string("(unsigned short)(r") + name + "." + "xyzw"[lane / 2] + (lane % 2 ? " >> 16)" : ")");
         }
         s << "    const float " << value_name(static_cast<int>(k), lane_suffix(lane)) << " = "
-          << (elem == Elem::F32 ? word : load(elem, word)) << ";\n";
+          << (elem == Elem::F32 ? word : load_as_float(elem, word)) << ";\n";
       }
     }
     for (int lane = 0; lane < lanes; ++lane) emit_steps(lane_suffix(lane), "    ");
@@ -356,8 +358,8 @@ std::string pointwise_source(const PointwiseKernel& kernel) {
       if (out == Elem::F32) {
         s << "__float_as_uint(" << value_name(output_value, lane_suffix(w)) << ");\n";
       } else {
-        s << "(unsigned)" << store(out, value_name(output_value, lane_suffix(2 * w))) << " | ((unsigned)"
-          << store(out, value_name(output_value, lane_suffix(2 * w + 1))) << " << 16);\n";
+        s << "(unsigned)" << store_from_float(out, value_name(output_value, lane_suffix(2 * w))) << " | ((unsigned)"
+          << store_from_float(out, value_name(output_value, lane_suffix(2 * w + 1))) << " << 16);\n";
       }
     }
     s << "    *reinterpret_cast<" << vector_type(out) << "*>(out + first) = o;\n";
@@ -370,9 +372,9 @@ std::string pointwise_source(const PointwiseKernel& kernel) {
   const std::vector<std::string> offsets = emit_offsets("i", "    ");
   for (size_t k = 0; k < inputs; ++k)
     s << "    const float " << value_name(static_cast<int>(k), "") << " = "
-      << load(kernel.inputs[k].elem, "in" + std::to_string(k) + "[" + offsets[k] + "]") << ";\n";
+      << load_as_float(kernel.inputs[k].elem, "in" + std::to_string(k) + "[" + offsets[k] + "]") << ";\n";
   emit_steps("", "    ");
-  s << "    out[i] = " << store(kernel.out_elem, value_name(output_value, "")) << ";\n";
+  s << "    out[i] = " << store_from_float(kernel.out_elem, value_name(output_value, "")) << ";\n";
   s << "  }\n}\n";
   return s.str();
 }

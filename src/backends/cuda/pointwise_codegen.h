@@ -43,6 +43,13 @@ struct PointwiseKernel {
   int lanes = 1;
 };
 
+// Pieces every generated source shares: fp16/bf16 conversions (no headers needed) and helpers, the C type an
+// element is stored as, and expressions reading a stored element as float and storing a float.
+const char* generated_prelude();
+const char* storage_type(cpu::Elem elem);
+std::string load_as_float(cpu::Elem elem, const std::string& raw);
+std::string store_from_float(cpu::Elem elem, const std::string& value);
+
 // The lanes `kernel` can use with its operands at these addresses (the output's first).
 int vector_lanes(const PointwiseKernel& kernel, const std::vector<const void*>& addresses);
 // The kernel's source: extern "C" npusim_pointwise(out, in0, in1, ...), kPointwiseThreads threads a block, each

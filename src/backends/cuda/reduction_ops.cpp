@@ -1,0 +1,132 @@
+#include "backends/cuda/reduction_ops.h"
+
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include "backends/cuda/generated_kernels.h"
+#include "backends/cuda/pointwise_codegen.h"
+#include "core/nvrtc_compiler.h"
+#include "ops/op_util.h"
+
+namespace npusim::cuda {
+
+namespace {
+
+constexpr const char* kReductionKernelName = "npusim_reduce";
+constexpr int kWarpsPerBlock = 8;
+
+enum class Combine { Sum, Mean, Max, Min };
+
+// Sizes and strides of one group of dims (kept or reduced), neighbours the input walks contiguously merged.
+struct DimGroup {
+  std::vector<int64_t> sizes, strides;
+  int64_t count = 1;
+
+  void add(int64_t size, int64_t stride) {
+    count *= size;
+    if (size == 1) return;
+    if (!sizes.empty() && strides.back() == stride * size) {
+      sizes.back() *= size;
+      strides.back() = stride;
+      return;
+    }
+    sizes.push_back(size);
+    strides.push_back(stride);
+  }
+};
+
+struct Reduction {
+  DimGroup kept, reduced;
+  Combine combine = Combine::Sum;
+  cpu::Elem in_elem = cpu::Elem::F32, out_elem = cpu::Elem::F32;
+};
+
+// Adds to `offset` the input offset of element `index` of the group, decomposed over its sizes (constants).
+void emit_offset(std::ostringstream& s, const DimGroup& group, const std::string& index, const std::string& offset,
+                 const std::string& type, const std::string& indent) {
+  if (group.sizes.empty()) return;
+  s << indent << "{\n" << indent << "  " << type << " rest = " << index << ";\n";
+  for (size_t d = group.sizes.size(); d-- > 0;) {
+    const std::string size = std::to_string(group.sizes[d]);
+    s << indent << "  " << offset << " += (" << (d == 0 ? "rest" : "rest % " + size) << ") * " << group.strides[d]
+      << ";\n";
+    if (d > 0) s << indent << "  rest /= " << size << ";\n";
+  }
+  s << indent << "}\n";
+}
+
+std::string reduction_source(const Reduction& r, int64_t input_elements) {
+  const bool narrow = input_elements < std::numeric_limits<int32_t>::max();
+  const std::string type = narrow ? "unsigned" : "long long";
+  const char* initial = r.combine == Combine::Max   ? "__int_as_float(0xff800000)"
+                        : r.combine == Combine::Min ? "__int_as_float(0x7f800000)"
+                                                    : "0.0f";
+  // NaN wins, as in PyTorch's amax and amin.
+  const char* combine = r.combine == Combine::Max   ? "(b > a || b != b) ? b : a"
+                        : r.combine == Combine::Min ? "(b < a || b != b) ? b : a"
+                                                    : "a + b";
+  std::ostringstream s;
+  s << generated_prelude();
+  s << "__device__ __forceinline__ float npusim_combine(float a, float b) { return " << combine << "; }\n";
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kWarpsPerBlock * 32 << ") " << kReductionKernelName << "("
+    << storage_type(r.out_elem) << "* out, const " << storage_type(r.in_elem) << "* in) {\n";
+  s << "  const " << type << " o = (" << type << ")blockIdx.x * " << kWarpsPerBlock << " + (threadIdx.x >> 5);\n";
+  s << "  if (o >= " << r.kept.count << ") return;\n";
+  s << "  const unsigned lane = threadIdx.x & 31;\n";
+  s << "  " << type << " base = 0;\n";
+  emit_offset(s, r.kept, "o", "base", type, "  ");
+  s << "  float acc = " << initial << ";\n";
+  s << "  for (" << type << " j = lane; j < " << r.reduced.count << "; j += 32) {\n";
+  s << "    " << type << " offset = base;\n";
+  emit_offset(s, r.reduced, "j", "offset", type, "    ");
+  s << "    acc = npusim_combine(acc, " << load_as_float(r.in_elem, "in[offset]") << ");\n";
+  s << "  }\n";
+  s << "  for (int shift = 16; shift > 0; shift >>= 1) acc = npusim_combine(acc, __shfl_xor_sync(0xffffffffu, acc, "
+       "shift));\n";
+  if (r.combine == Combine::Mean) s << "  acc = acc / " << r.reduced.count << ".0f;\n";
+  s << "  if (lane == 0) out[o] = " << store_from_float(r.out_elem, "acc") << ";\n";
+  s << "}\n";
+  return s.str();
+}
+
+std::optional<Launch> reduction_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue& in = ctx.inputs[0];
+  const DeviceValue& out = ctx.outputs[0];
+  if (!cpu::is_float_elem(in.elem) || !cpu::is_float_elem(out.elem) || !nvrtc::available(nullptr)) return std::nullopt;
+  const std::string& op = ctx.node.op;
+  Reduction r;
+  r.combine = op == "sum" ? Combine::Sum : op == "mean" ? Combine::Mean : op == "amax" ? Combine::Max : Combine::Min;
+  r.in_elem = in.elem;
+  r.out_elem = out.elem;
+  const Shape& shape = in.meta.shape;
+  const std::vector<bool> reduced = ops::reduced_dims(ctx.node.attrs, static_cast<int64_t>(shape.size()));
+  const std::vector<int64_t> strides = contiguous_strides(shape);
+  for (size_t d = 0; d < shape.size(); ++d) (reduced[d] ? r.reduced : r.kept).add(shape[d], strides[d]);
+  if (r.kept.count != out.numel()) return std::nullopt;
+  // amax and amin of nothing are errors the reference reports; no output: nothing to do.
+  if (r.reduced.count == 0 && (r.combine == Combine::Max || r.combine == Combine::Min)) return std::nullopt;
+  if (out.numel() == 0) return Launch([](cudaStream_t) {});
+  const cudaKernel_t kernel =
+      generated_kernel(reduction_source(r, in.numel()), kReductionKernelName, describe_node(ctx.node));
+  const int64_t blocks = (out.numel() + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  if (blocks > std::numeric_limits<int32_t>::max()) return std::nullopt;
+  return [node = &ctx.node, kernel, blocks, out_data = static_cast<void*>(out.data),
+          in_data = static_cast<const void*>(in.data)](cudaStream_t stream) {
+    void* out_pointer = out_data;
+    const void* in_pointer = in_data;
+    void* arguments[] = {&out_pointer, &in_pointer};
+    check_launch(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(static_cast<unsigned>(blocks)),
+                                  dim3(kWarpsPerBlock * 32), arguments, 0, stream),
+                 "the generated reduction kernel", *node);
+  };
+}
+
+}  // namespace
+
+void add_generated_reduction_ops(std::map<std::string, OpFactory>& table) {
+  for (const char* op : {"sum", "mean", "amax", "amin"}) table.emplace(op, reduction_op);
+}
+
+}  // namespace npusim::cuda
