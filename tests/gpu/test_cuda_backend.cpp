@@ -67,6 +67,12 @@ std::vector<Case> elementwise_cases() {
   cases.push_back(make("clamp", {f({8, 1024})}, attrs({{"max", I(1)}}), "int max"));
   cases.push_back(fallback(make("clamp", {ints({9}, -9, 9)}, attrs({{"max", I(2)}}), "int64")));
   cases.push_back(fallback(make("clamp", {f({9}), f({9})}, {}, "tensor bound")));
+  cases.push_back(make("rsub", {f({7, 33}), f({33})}, attrs({{"alpha", F(2.0)}})));
+  cases.push_back(make("rsub", {f({1001})}, attrs({{"other", F(1.5)}}), "scalar"));
+  cases.push_back(make("masked_fill", {f({7, 33}), bools({7, 33})}, attrs({{"value", F(-1e4)}})));
+  cases.push_back(make("masked_fill", {f({2, 3, 37}), bools({3, 1})}, attrs({{"value", I(0)}}), "broadcast mask"));
+  cases.push_back(make("masked_fill", {f({5, 8}), bools({8}), f({})}, {}, "tensor value"));
+  cases.push_back(fallback(make("masked_fill", {ints({5}, -3, 3), bools({5})}, attrs({{"value", I(7)}}), "int64")));
   cases.push_back(make("pow", {f({3, 37})}, attrs({{"exponent", F(3.0)}})));
   cases.push_back(make("pow", {positive({1001})}, attrs({{"exponent", F(0.5)}}), "square root"));
   cases.push_back(make("pow", {f({8, 1024})}, attrs({{"exponent", I(2)}}), "int exponent"));
@@ -236,6 +242,8 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("softmax", {f({7, 33})}, attrs({{"dim", I(-1)}})));
   cases.push_back(make("softmax", {f({130, 513})}, attrs({{"dim", I(1)}}), "wide"));
   cases.push_back(fallback(make("softmax", {f({3, 7, 5})}, attrs({{"dim", I(1)}}), "middle dim")));
+  cases.push_back(make("log_softmax", {f({7, 33})}, attrs({{"dim", I(-1)}})));
+  cases.push_back(make("log_softmax", {f({130, 513})}, attrs({{"dim", I(1)}}), "wide"));
   cases.push_back(make("rms_norm", {f({2, 7, 33}), w({33})}, attrs({{"normalized_shape", L({33})}, {"eps", F(1e-6)}})));
   cases.push_back(make("rms_norm", {f({7, 3, 5})}, attrs({{"normalized_shape", L({3, 5})}}), "no weight"));
   cases.push_back(make("embedding", {w({33, 9}), ints({2, 7}, 0, 33)}));

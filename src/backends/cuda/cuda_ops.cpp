@@ -514,8 +514,9 @@ std::optional<Launch> softmax_op(const OpContext& ctx) {
   if (ops::normalize_dim(ctx.node.attrs.get_int("dim"), rank) != rank - 1) return std::nullopt;
   const int64_t width = x.meta.shape.back();
   if (width == 0) return std::nullopt;
-  return [node = &ctx.node, x, out, width](cudaStream_t stream) {
-    check_launch(launch_softmax(stream, x.numel() / width, width, out.data, elem_code(out.elem), as_operand(x)),
+  const bool log = ctx.node.op == "log_softmax";
+  return [node = &ctx.node, x, out, width, log](cudaStream_t stream) {
+    check_launch(launch_softmax(stream, x.numel() / width, width, out.data, elem_code(out.elem), as_operand(x), log),
                  "launch_softmax", *node);
   };
 }
@@ -1134,7 +1135,7 @@ std::map<std::string, OpFactory> build_table() {
   table["index_copy"] = index_copy_op;
   table["index"] = index_op;
   table["rotary_embedding"] = rotary_embedding_op;
-  table["softmax"] = softmax_op;
+  for (const char* op : {"softmax", "log_softmax"}) table[op] = softmax_op;
   table["attention"] = attention_op;
   table["linear"] = linear_op;
   for (const char* op : {"matmul", "mm", "bmm", "addmm"}) table[op] = matmul_op;

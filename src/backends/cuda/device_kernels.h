@@ -219,8 +219,9 @@ bool attention_supported(const AttentionParams& p, Operand k, Operand v);
 cudaError_t launch_rotary_embedding(cudaStream_t stream, int64_t rows, int64_t half, float scaling, void* cos,
                                     void* sin, int out_elem, Operand inv_freq, const int64_t* positions);
 
-// softmax over the last dim of [rows, width].
-cudaError_t launch_softmax(cudaStream_t stream, int64_t rows, int64_t width, void* out, int out_elem, Operand x);
+// softmax (log_softmax with `log`) over the last dim of [rows, width].
+cudaError_t launch_softmax(cudaStream_t stream, int64_t rows, int64_t width, void* out, int out_elem, Operand x,
+                           bool log);
 
 // Fills `bytes` bytes at `data` with `value` (poisoning before a run).
 cudaError_t launch_fill_bytes(cudaStream_t stream, void* data, uint8_t value, size_t bytes);

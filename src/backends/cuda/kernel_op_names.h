@@ -7,7 +7,7 @@
 
 namespace npusim::cuda {
 
-inline constexpr std::array<std::string_view, 96> kKernelOpNames = {
+inline constexpr std::array<std::string_view, 99> kKernelOpNames = {
     "abs",
     "adaptive_avg_pool2d",
     "add",
@@ -57,9 +57,11 @@ inline constexpr std::array<std::string_view, 96> kKernelOpNames = {
     "log10",
     "log1p",
     "log2",
+    "log_softmax",
     "logical_and",
     "logical_or",
     "lt",
+    "masked_fill",
     "matmul",
     "max_pool2d",
     "maximum",
@@ -82,6 +84,7 @@ inline constexpr std::array<std::string_view, 96> kKernelOpNames = {
     "rotary_embedding",
     "round",
     "rsqrt",
+    "rsub",
     "select",
     "sigmoid",
     "sign",

@@ -394,7 +394,7 @@ __global__ void rotary_kernel(int64_t n, int64_t half, float scaling, void* cos,
   }
 }
 
-__global__ void softmax_kernel(int64_t width, void* out, int out_elem, Operand x) {
+__global__ void softmax_kernel(int64_t width, void* out, int out_elem, Operand x, bool log) {
   __shared__ float reduce[32];
   const int64_t base = static_cast<int64_t>(blockIdx.x) * width;
   float peak = -INFINITY;
@@ -403,8 +403,11 @@ __global__ void softmax_kernel(int64_t width, void* out, int out_elem, Operand x
   float sum = 0.0f;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) sum += expf(load_f(x.data, x.elem, base + c) - peak);
   sum = block_sum(sum, reduce);
-  for (int64_t c = threadIdx.x; c < width; c += blockDim.x)
-    store_f(out, out_elem, base + c, expf(load_f(x.data, x.elem, base + c) - peak) / sum);
+  const float log_sum = logf(sum);
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+    const float shifted = load_f(x.data, x.elem, base + c) - peak;
+    store_f(out, out_elem, base + c, log ? shifted - log_sum : expf(shifted) / sum);
+  }
 }
 
 // ---- GEMM ----
@@ -1090,9 +1093,10 @@ cudaError_t launch_rotary_embedding(cudaStream_t stream, int64_t rows, int64_t h
   return cudaGetLastError();
 }
 
-cudaError_t launch_softmax(cudaStream_t stream, int64_t rows, int64_t width, void* out, int out_elem, Operand x) {
+cudaError_t launch_softmax(cudaStream_t stream, int64_t rows, int64_t width, void* out, int out_elem, Operand x,
+                           bool log) {
   if (rows > 0 && width > 0)
-    softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(width, out, out_elem, x);
+    softmax_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(width, out, out_elem, x, log);
   return cudaGetLastError();
 }
 

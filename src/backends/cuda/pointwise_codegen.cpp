@@ -150,7 +150,9 @@ std::string unary_expression(const cpu::UnaryStep& s, const std::string& x) {
   fail("pointwise kernel: unknown unary step");
 }
 
-std::string step_expression(const PointwiseStep& step, const std::string& a, const std::string& b) {
+std::string step_expression(const PointwiseStep& step, const std::string& a, const std::string& b,
+                            const std::string& c) {
+  if (step.constant) return literal(*step.constant);
   if (step.unary) return unary_expression(*step.unary, a);
   const std::string alpha = literal(step.alpha);
   const std::string scaled = step.alpha == 1.0f ? b : "(" + alpha + " * " + b + ")";
@@ -163,6 +165,8 @@ std::string step_expression(const PointwiseStep& step, const std::string& a, con
       return "(" + a + " * " + b + ")";
     case PointwiseBinary::Div:
       return "(" + a + " / " + b + ")";
+    case PointwiseBinary::Select:
+      return "(" + a + " != 0.0f ? " + b + " : " + c + ")";
   }
   fail("pointwise kernel: unknown binary step");
 }
@@ -213,9 +217,13 @@ int64_t element_count(const PointwiseKernel& kernel) { return shape_numel(kernel
 
 const char* generated_prelude() { return kConversions; }
 
-const char* storage_type(cpu::Elem elem) { return elem == Elem::F32 ? "float" : "unsigned short"; }
+const char* storage_type(cpu::Elem elem) {
+  if (elem == Elem::Bool) return "unsigned char";
+  return elem == Elem::F32 ? "float" : "unsigned short";
+}
 
 std::string load_as_float(cpu::Elem elem, const std::string& raw) {
+  if (elem == Elem::Bool) return "(float)" + raw;
   if (elem == Elem::F16) return "npusim_h2f(" + raw + ")";
   if (elem == Elem::BF16) return "npusim_bf2f(" + raw + ")";
   return raw;
@@ -230,7 +238,10 @@ std::string store_from_float(cpu::Elem elem, const std::string& value) {
 int vector_lanes(const PointwiseKernel& kernel, const std::vector<const void*>& addresses) {
   const Layout layout = simplify(kernel);
   size_t widest = elem_bytes(kernel.out_elem);
-  for (const PointwiseInput& input : kernel.inputs) widest = std::max(widest, elem_bytes(input.elem));
+  for (const PointwiseInput& input : kernel.inputs) {
+    if (!cpu::is_float_elem(input.elem)) return 1;  // masks are read one element at a time
+    widest = std::max(widest, elem_bytes(input.elem));
+  }
   const int lanes = widest == 2 ? 8 : 4;
   if (element_count(kernel) < lanes || addresses.size() != kernel.inputs.size() + 1) return 1;
   auto aligned = [&](const void* address, Elem elem) {
@@ -284,7 +295,9 @@ std::string pointwise_source(const PointwiseKernel& kernel) {
     for (size_t step = 0; step < kernel.steps.size(); ++step) {
       const PointwiseStep& p = kernel.steps[step];
       s << indent << "const float " << value_name(static_cast<int>(inputs + step), lane) << " = "
-        << step_expression(p, value_name(p.a, lane), p.b >= 0 ? value_name(p.b, lane) : "") << ";\n";
+        << step_expression(p, value_name(p.a, lane), p.b >= 0 ? value_name(p.b, lane) : "",
+                           p.c >= 0 ? value_name(p.c, lane) : "")
+        << ";\n";
     }
   };
   const int output_value = static_cast<int>(inputs + kernel.steps.size()) - 1;

@@ -16,21 +16,24 @@ namespace npusim::cuda {
 inline constexpr const char* kPointwiseKernelName = "npusim_pointwise";
 inline constexpr int kPointwiseThreads = 256;
 
-// An operand: its storage and, per dim of the kernel's shape, its element strides (0 where it broadcasts).
+// An operand (float storage, or bool for a mask): its storage and, per dim of the kernel's shape, its element strides
+// (0 where it broadcasts).
 struct PointwiseInput {
   cpu::Elem elem = cpu::Elem::F32;
   std::vector<int64_t> strides;
 };
 
-enum class PointwiseBinary { Add, Sub, Mul, Div };
+// Select: a != 0 ? b : c (a a mask read as 0 or 1).
+enum class PointwiseBinary { Add, Sub, Mul, Div, Select };
 
-// A unary step on value `a`, or a binary op on values `a` and `b`. Values 0 .. inputs-1 are the inputs; step s makes
-// value inputs + s.
+// A number, a unary step on value `a`, or an op on values `a` and `b` (and `c` for Select). Values 0 .. inputs-1 are
+// the inputs; step s makes value inputs + s.
 struct PointwiseStep {
+  std::optional<float> constant;
   std::optional<cpu::UnaryStep> unary;
   PointwiseBinary binary = PointwiseBinary::Add;
   float alpha = 1.0f;  // add and sub: a +- alpha * b
-  int a = 0, b = -1;
+  int a = 0, b = -1, c = -1;
 };
 
 struct PointwiseKernel {

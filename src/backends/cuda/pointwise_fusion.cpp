@@ -21,8 +21,8 @@ class RunBuilder {
     if (node.outputs.size() != 1 || node.inputs.empty()) return false;
     const DeviceValue out = site_.value_at(node.outputs[0]);
     if (out.meta.shape != shape || !cpu::is_float_elem(out.elem) || site_.is_state(node.outputs[0])) return false;
-    for (ValueId id : node.inputs)
-      if (!cpu::is_float_elem(site_.value_at(id).elem)) return false;
+    for (size_t i = 0; i < node.inputs.size(); ++i)
+      if (!takes_elem(node, i, site_.value_at(node.inputs[i]).elem)) return false;
     return pointwise_steps_of(node, std::vector<int>(node.inputs.size(), 0), 0).has_value();
   }
 

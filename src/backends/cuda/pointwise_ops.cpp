@@ -42,6 +42,11 @@ bool broadcasts_to(const Shape& shape, const Shape& target) {
 
 }  // namespace
 
+bool takes_elem(const Node& node, size_t input, cpu::Elem elem) {
+  if (cpu::is_float_elem(elem)) return true;
+  return elem == cpu::Elem::Bool && node.op == "masked_fill" && input == 1;
+}
+
 std::optional<std::vector<PointwiseStep>> pointwise_steps_of(const Node& node, const std::vector<int>& in,
                                                              int first_value) {
   const Attrs& a = node.attrs;
@@ -56,6 +61,26 @@ std::optional<std::vector<PointwiseStep>> pointwise_steps_of(const Node& node, c
       return std::vector{unary({UnaryKind::AddScalar, add ? other : -other}, in[0])};
     }
     return std::nullopt;
+  }
+  if (op == "rsub") {  // other - alpha * self
+    if (inputs == 2) return std::vector{binary(PointwiseBinary::Sub, in[1], in[0], alpha)};
+    if (inputs == 1 && !a.is_none("other"))
+      return std::vector{unary({UnaryKind::MulScalar, -alpha}, in[0]),
+                         unary({UnaryKind::AddScalar, static_cast<float>(a.get_float("other"))}, first_value)};
+    return std::nullopt;
+  }
+  if (op == "masked_fill") {  // mask ? value : self
+    PointwiseStep select = binary(PointwiseBinary::Select, in[1], -1);
+    select.c = in[0];
+    if (inputs == 3) {
+      select.b = in[2];
+      return std::vector{select};
+    }
+    if (inputs != 2 || a.is_none("value")) return std::nullopt;
+    PointwiseStep value;
+    value.constant = static_cast<float>(a.get_float("value"));
+    select.b = first_value;
+    return std::vector{value, select};
   }
   if (op == "mul" || op == "div") {
     if (!a.is_none("alpha") || (op == "div" && !a.is_none("rounding_mode"))) return std::nullopt;
@@ -101,7 +126,8 @@ std::optional<Launch> generated_node(const OpContext& ctx) {
   kernel.out_elem = out.elem;
   std::vector<int> values;
   for (const DeviceValue& in : ctx.inputs) {
-    if (!cpu::is_float_elem(in.elem) || !readable_beside(in, out)) return std::nullopt;
+    if (!takes_elem(ctx.node, static_cast<size_t>(&in - ctx.inputs.data()), in.elem) || !readable_beside(in, out))
+      return std::nullopt;
     std::vector<int64_t> strides;
     if (in.meta.shape == out.meta.shape || in.numel() != out.numel()) {
       if (!broadcasts_to(in.meta.shape, out.meta.shape)) return std::nullopt;
@@ -169,7 +195,7 @@ void add_generated_pointwise_ops(std::map<std::string, OpFactory>& table) {
         "cos",   "tan",      "atan",      "erf",         "abs",        "sign", "floor",    "ceil",       "trunc",
         "round", "hardtanh", "hardswish", "hardsigmoid", "leaky_relu", "elu",  "softplus", "mish"})
     table.emplace(op, generated_node);
-  for (const char* op : {"clamp", "pow", "elementwise_chain"}) table.emplace(op, generated_node);
+  for (const char* op : {"clamp", "pow", "elementwise_chain", "rsub", "masked_fill"}) table.emplace(op, generated_node);
 }
 
 }  // namespace npusim::cuda
