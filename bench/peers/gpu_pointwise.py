@@ -8,27 +8,13 @@ import sys
 
 import torch
 
+from cuda_timing import median_ms
+
 
 def gelu_block(x, bias, scale):
     h = x + bias
     inner = h + torch.pow(h, 3.0) * 0.044715
     return h * 0.5 * (torch.tanh(inner * 0.7978845608) + 1) * scale
-
-
-def median_ms(fn, *args, iters=100, warmup=10):
-    for _ in range(warmup):
-        fn(*args)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*args)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():
@@ -40,12 +26,12 @@ def main():
     moved = 2 * 2 * rows * width
     print(f"gpu_pointwise on {torch.cuda.get_device_name()} torch {torch.__version__}")
     with torch.inference_mode():
-        eager = median_ms(gelu_block, x, bias, scale)
+        eager = median_ms(gelu_block, x, bias, scale, iters=100, warmup=10)
         print(f"PEER gelu block bf16 [{rows}, {width}] torch eager: {eager:.4f} ms, {moved / eager / 1e6:.0f} GB/s")
         if "--no-compile" in sys.argv:
             return
         compiled = torch.compile(gelu_block)
-        fused = median_ms(compiled, x, bias, scale)
+        fused = median_ms(compiled, x, bias, scale, iters=100, warmup=10)
         print(f"PEER gelu block bf16 [{rows}, {width}] torch.compile: {fused:.4f} ms, {moved / fused / 1e6:.0f} GB/s")
 
 

@@ -9,21 +9,7 @@ import time
 import torch
 import torchvision
 
-
-def median_ms(fn, x, iters=200, warmup=20):
-    for _ in range(warmup):
-        fn(x)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(x)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    times.sort()
-    return times[len(times) // 2]
+from cuda_timing import median_ms
 
 
 def main():

@@ -27,26 +27,16 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 namespace {
 int promotion_rank(DType t) {
   switch (t) {
-    case DType::Bool:
-      return 0;
-    case DType::UInt8:
-      return 1;
-    case DType::Int8:
-      return 2;
-    case DType::Int16:
-      return 3;
-    case DType::Int32:
-      return 4;
-    case DType::Int64:
-      return 5;
-    case DType::BFloat16:
-      return 6;
-    case DType::Float16:
-      return 7;
-    case DType::Float32:
-      return 8;
-    case DType::Float64:
-      return 9;
+    case DType::Bool: return 0;
+    case DType::UInt8: return 1;
+    case DType::Int8: return 2;
+    case DType::Int16: return 3;
+    case DType::Int32: return 4;
+    case DType::Int64: return 5;
+    case DType::BFloat16: return 6;
+    case DType::Float16: return 7;
+    case DType::Float32: return 8;
+    case DType::Float64: return 9;
   }
   return 8;
 }
@@ -96,30 +86,19 @@ TensorMeta same_as_input(std::span<const TensorMeta> inputs, size_t index) {
 
 double read_element(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::Float32:
-      return t.data<float>()[i];
-    case DType::Int64:
-      return static_cast<double>(t.data<int64_t>()[i]);
-    case DType::Bool:
-      return t.data<uint8_t>()[i] ? 1.0 : 0.0;
-    default:
-      return t.element_as_double(i);
+    case DType::Float32: return t.data<float>()[i];
+    case DType::Int64: return static_cast<double>(t.data<int64_t>()[i]);
+    case DType::Bool: return t.data<uint8_t>()[i] ? 1.0 : 0.0;
+    default: return t.element_as_double(i);
   }
 }
 
 void write_element(Tensor& t, int64_t i, double value) {
   switch (t.dtype()) {
-    case DType::Float32:
-      t.mutable_data<float>()[i] = static_cast<float>(value);
-      return;
-    case DType::Int64:
-      t.mutable_data<int64_t>()[i] = static_cast<int64_t>(value);
-      return;
-    case DType::Bool:
-      t.mutable_data<uint8_t>()[i] = value != 0.0 ? 1 : 0;
-      return;
-    default:
-      fail("write_element: tensor is not in the reference domain (" + std::string(dtype_name(t.dtype())) + ")");
+    case DType::Float32: t.mutable_data<float>()[i] = static_cast<float>(value); return;
+    case DType::Int64: t.mutable_data<int64_t>()[i] = static_cast<int64_t>(value); return;
+    case DType::Bool: t.mutable_data<uint8_t>()[i] = value != 0.0 ? 1 : 0; return;
+    default: fail("write_element: tensor is not in the reference domain (" + std::string(dtype_name(t.dtype())) + ")");
   }
 }
 

@@ -663,15 +663,15 @@ std::optional<Kernel> elementwise_chain(const KernelContext& ctx) {
   if (ctx.inputs.size() != 1 || !float_inputs(ctx)) return std::nullopt;
   std::optional<std::vector<UnaryStep>> chain = chain_steps(ctx.node.attrs);
   if (!chain) return std::nullopt;
-  std::vector<UnaryStep> steps = std::move(*chain);
-  return planned<float>(ctx, {OperandSpec{&ctx.inputs[0]}}, [steps](const float* const* x, float* out, int64_t n) {
-    const float* from = x[0];
-    for (const UnaryStep& step : steps) {
-      apply_unary(step, from, out, n);
-      from = out;
-    }
-    if (steps.empty() && from != out) std::copy(from, from + n, out);
-  });
+  return planned<float>(ctx, {OperandSpec{&ctx.inputs[0]}},
+                        [steps = std::move(*chain)](const float* const* x, float* out, int64_t n) {
+                          const float* from = x[0];
+                          for (const UnaryStep& step : steps) {
+                            apply_unary(step, from, out, n);
+                            from = out;
+                          }
+                          if (steps.empty() && from != out) std::copy(from, from + n, out);
+                        });
 }
 
 // rope(x, cos, sin) = x * cos + rotate_half(x) * sin, one row of x's last dim at a time. cos and sin broadcast to
