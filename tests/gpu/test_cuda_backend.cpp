@@ -111,6 +111,7 @@ std::vector<Case> elementwise_cases() {
   cases.push_back(make("where", {bools({7, 1}), f({33}), f({7, 33})}));
   cases.push_back(make("where", {bools({7, 33}), f({7, 33})}, attrs({{"other", F(-1.0)}}), "scalar other"));
   cases.push_back(make("where", {bools({9}), ints({9}, -3, 3), ints({9}, 5, 9)}, {}, "int64"));
+  cases.push_back(make("where", {bools({3, 1}), f({3, 1001}), f({1001})}, {}, "long rows"));
   cases.push_back(make("to", {f({7, 5})}, attrs({{"dtype", S("torch.int64")}}), "float to int64"));
   cases.push_back(make("to", {f({7, 5})}, attrs({{"dtype", S("torch.bool")}}), "float to bool"));
   cases.push_back(make("to", {ints({7, 5}, -9, 9)}, attrs({{"dtype", S("torch.float32")}}), "int64 to float"));

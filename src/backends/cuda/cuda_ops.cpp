@@ -317,6 +317,7 @@ std::optional<Launch> unary_op(const OpContext& ctx) {
 }
 
 std::optional<Launch> where_op(const OpContext& ctx) {
+  if (std::optional<Launch> generated = generated_node(ctx)) return generated;
   if (ctx.outputs.size() != 1 || ctx.inputs.size() < 2 || ctx.inputs.size() > 3) return std::nullopt;
   const DeviceValue out = ctx.outputs[0];
   const Shape& shape = out.meta.shape;

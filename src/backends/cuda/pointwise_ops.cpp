@@ -44,7 +44,7 @@ bool broadcasts_to(const Shape& shape, const Shape& target) {
 
 bool takes_elem(const Node& node, size_t input, cpu::Elem elem) {
   if (cpu::is_float_elem(elem)) return true;
-  return elem == cpu::Elem::Bool && node.op == "masked_fill" && input == 1;
+  return elem == cpu::Elem::Bool && ((node.op == "masked_fill" && input == 1) || (node.op == "where" && input == 0));
 }
 
 std::optional<std::vector<PointwiseStep>> pointwise_steps_of(const Node& node, const std::vector<int>& in,
@@ -81,6 +81,19 @@ std::optional<std::vector<PointwiseStep>> pointwise_steps_of(const Node& node, c
     value.constant = static_cast<float>(a.get_float("value"));
     select.b = first_value;
     return std::vector{value, select};
+  }
+  if (op == "where") {  // condition ? self : other
+    if (inputs == 3) {
+      PointwiseStep select = binary(PointwiseBinary::Select, in[0], in[1]);
+      select.c = in[2];
+      return std::vector{select};
+    }
+    if (inputs != 2 || a.is_none("other") || !a.is_none("self")) return std::nullopt;
+    PointwiseStep other;
+    other.constant = static_cast<float>(a.get_float("other"));
+    PointwiseStep select = binary(PointwiseBinary::Select, in[0], in[1]);
+    select.c = first_value;
+    return std::vector{other, select};
   }
   if (op == "mul" || op == "div") {
     if (!a.is_none("alpha") || (op == "div" && !a.is_none("rounding_mode"))) return std::nullopt;

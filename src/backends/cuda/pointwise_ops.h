@@ -15,12 +15,14 @@ namespace npusim::cuda {
 void add_generated_pointwise_ops(std::map<std::string, OpFactory>& table);
 
 // The steps of one pointwise node reading values `in` (one per node input): add, sub, rsub, mul and div (a tensor or
-// a number operand), add_relu, silu_mul, masked_fill, "to" between float storages, and what float_steps_of takes. Each
-// step's value follows the one before, the first being `first_value`. Nothing where the node is not pointwise here.
+// a number operand), add_relu, silu_mul, masked_fill, where, "to" between float storages, and what float_steps_of
+// takes. Each step's value follows the one before, the first being `first_value`. Nothing where the node is not
+// pointwise here.
 std::optional<std::vector<PointwiseStep>> pointwise_steps_of(const Node& node, const std::vector<int>& in,
                                                              int first_value);
 
-// Whether a generated kernel reads input `input` of `node` in storage `elem`: floats, and the mask of masked_fill.
+// Whether a generated kernel reads input `input` of `node` in storage `elem`: floats, and the masks of masked_fill
+// and where.
 bool takes_elem(const Node& node, size_t input, cpu::Elem elem);
 
 // One pointwise node (float storage throughout, inputs broadcast to its output) as a generated kernel, or nothing.
