@@ -234,6 +234,18 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("max_pool2d", {f({2, 7, 8})},
                        attrs({{"kernel_size", L({2, 3})}, {"ceil_mode", B(true)}, {"dilation", L({2})}}),
                        "ceil dilation"));
+  const Attrs k3s2p1 = attrs({{"kernel_size", L({3})}, {"stride", L({2})}, {"padding", L({1})}});
+  cases.push_back(make("avg_pool2d", {f({1, 3, 9, 9})}, k3s2p1));
+  cases.push_back(make("avg_pool2d", {f({2, 3, 9, 10})},
+                       attrs({{"kernel_size", L({3})},
+                              {"stride", L({2})},
+                              {"padding", L({1})},
+                              {"ceil_mode", B(true)},
+                              {"count_include_pad", B(false)}}),
+                       "ceil, pad excluded"));
+  cases.push_back(make("avg_pool2d", {f({3, 7, 7})}, attrs({{"kernel_size", L({2, 3})}, {"divisor_override", I(4)}}),
+                       "3-d, divisor"));
+  cases.push_back(make("avg_pool2d", {f({2, 5, 7, 7})}, attrs({{"kernel_size", L({7})}}), "global"));
   cases.push_back(make("max_pool2d", {f({1, 70001, 3, 2})}, attrs({{"kernel_size", L({2})}, {"padding", L({1})}}),
                        "more planes than a grid's rows"));
   cases.push_back(make("adaptive_avg_pool2d", {f({1, 3, 7, 9})}, attrs({{"output_size", L({3, 4})}})));

@@ -7,7 +7,7 @@
 
 namespace npusim::cuda {
 
-inline constexpr std::array<std::string_view, 99> kKernelOpNames = {
+inline constexpr std::array<std::string_view, 100> kKernelOpNames = {
     "abs",
     "adaptive_avg_pool2d",
     "add",
@@ -18,6 +18,7 @@ inline constexpr std::array<std::string_view, 99> kKernelOpNames = {
     "amin",
     "atan",
     "attention",
+    "avg_pool2d",
     "bitwise_and",
     "bitwise_or",
     "bitwise_xor",

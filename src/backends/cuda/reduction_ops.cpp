@@ -1,6 +1,7 @@
 #include "backends/cuda/reduction_ops.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <sstream>
 
@@ -123,10 +124,92 @@ std::optional<Launch> reduction_op(const OpContext& ctx) {
   };
 }
 
+// avg_pool2d over the last two dims: a thread per output element sums its window (clipped to the input; the
+// divisor counts the padded window, the clipped one, or divisor_override), as the reference does.
+std::string avg_pool_source(cpu::Elem in_elem, cpu::Elem out_elem, int64_t outputs, const std::array<int64_t, 2>& in,
+                            const std::array<int64_t, 2>& out, const std::array<int64_t, 2>& kernel,
+                            const std::array<int64_t, 2>& stride, const std::array<int64_t, 2>& pad,
+                            bool count_include_pad, int64_t divisor_override) {
+  std::ostringstream s;
+  s << generated_prelude();
+  s << "extern \"C\" __global__ void __launch_bounds__(256) " << kReductionKernelName << "(" << storage_type(out_elem)
+    << "* out, const " << storage_type(in_elem) << "* in) {\n";
+  s << "  const long long o = (long long)blockIdx.x * 256 + threadIdx.x;\n";
+  s << "  if (o >= " << outputs << "LL) return;\n";
+  s << "  const long long ox = o % " << out[1] << ", oy = (o / " << out[1] << ") % " << out[0] << ", plane = o / "
+    << out[0] * out[1] << ";\n";
+  s << "  long long y0 = oy * " << stride[0] << " - " << pad[0] << ", x0 = ox * " << stride[1] << " - " << pad[1]
+    << ";\n";
+  s << "  long long y1 = min(y0 + " << kernel[0] << ", " << in[0] + pad[0] << "LL), x1 = min(x0 + " << kernel[1] << ", "
+    << in[1] + pad[1] << "LL);\n";
+  s << "  const long long padded = (y1 - y0) * (x1 - x0);\n";
+  s << "  y0 = max(y0, 0LL), x0 = max(x0, 0LL), y1 = min(y1, " << in[0] << "LL), x1 = min(x1, " << in[1] << "LL);\n";
+  s << "  const " << storage_type(in_elem) << "* window = in + plane * " << in[0] * in[1] << ";\n";
+  s << "  float sum = 0.0f;\n";
+  s << "  for (long long y = y0; y < y1; ++y)\n";
+  s << "    for (long long x = x0; x < x1; ++x) sum += "
+    << load_as_float(in_elem, "window[y * " + std::to_string(in[1]) + " + x]") << ";\n";
+  s << "  const long long divisor = "
+    << (divisor_override != 0 ? std::to_string(divisor_override) + "LL"
+        : count_include_pad   ? std::string("padded")
+                              : std::string("(y1 - y0) * (x1 - x0)"))
+    << ";\n";
+  s << "  const float value = y0 < y1 && x0 < x1 ? sum / (float)divisor : 0.0f;\n";
+  s << "  out[o] = " << store_from_float(out_elem, "value") << ";\n";
+  s << "}\n";
+  return s.str();
+}
+
+// A pool attribute of two spatial values (one value means both).
+std::optional<std::array<int64_t, 2>> spatial(const Attrs& attrs, const char* name, std::vector<int64_t> fallback) {
+  std::vector<int64_t> values = attrs.is_none(name) ? fallback : attrs.get_ints(name, fallback);
+  if (values.empty()) values = fallback;
+  if (values.size() == 1) values.push_back(values[0]);
+  if (values.size() != 2) return std::nullopt;
+  return std::array<int64_t, 2>{values[0], values[1]};
+}
+
+std::optional<Launch> avg_pool_op(const OpContext& ctx) {
+  if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
+  const DeviceValue& x = ctx.inputs[0];
+  const DeviceValue& y = ctx.outputs[0];
+  const Shape& xs = x.meta.shape;
+  const Shape& ys = y.meta.shape;
+  if (!cpu::is_float_elem(x.elem) || !cpu::is_float_elem(y.elem) || xs.size() < 3 || ys.size() != xs.size() ||
+      !nvrtc::available(nullptr))
+    return std::nullopt;
+  const Attrs& attrs = ctx.node.attrs;
+  const auto kernel = spatial(attrs, "kernel_size", {});
+  if (!kernel) return std::nullopt;
+  const auto stride = spatial(attrs, "stride", {(*kernel)[0], (*kernel)[1]});
+  const auto pad = spatial(attrs, "padding", {0});
+  if (!stride || !pad) return std::nullopt;
+  const size_t r = xs.size();
+  const std::array<int64_t, 2> in{xs[r - 2], xs[r - 1]}, out{ys[r - 2], ys[r - 1]};
+  if (y.numel() == 0) return Launch([](cudaStream_t) {});
+  const int64_t divisor_override = attrs.is_none("divisor_override") ? 0 : attrs.get_int("divisor_override");
+  const cudaKernel_t function =
+      generated_kernel(avg_pool_source(x.elem, y.elem, y.numel(), in, out, *kernel, *stride, *pad,
+                                       attrs.get_bool("count_include_pad", true), divisor_override),
+                       kReductionKernelName, describe_node(ctx.node));
+  const int64_t blocks = (y.numel() + 255) / 256;
+  if (blocks > std::numeric_limits<int32_t>::max()) return std::nullopt;
+  return [node = &ctx.node, function, blocks, out_data = static_cast<void*>(y.data),
+          in_data = static_cast<const void*>(x.data)](cudaStream_t stream) {
+    void* out_pointer = out_data;
+    const void* in_pointer = in_data;
+    void* arguments[] = {&out_pointer, &in_pointer};
+    check_launch(cudaLaunchKernel(reinterpret_cast<const void*>(function), dim3(static_cast<unsigned>(blocks)),
+                                  dim3(256), arguments, 0, stream),
+                 "the generated avg_pool2d kernel", *node);
+  };
+}
+
 }  // namespace
 
 void add_generated_reduction_ops(std::map<std::string, OpFactory>& table) {
   for (const char* op : {"sum", "mean", "amax", "amin"}) table.emplace(op, reduction_op);
+  table.emplace("avg_pool2d", avg_pool_op);
 }
 
 }  // namespace npusim::cuda
