@@ -15,7 +15,8 @@ namespace npusim::cuda {
 namespace {
 
 constexpr const char* kReductionKernelName = "npusim_reduce";
-constexpr int kWarpsPerBlock = 8;
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
 
 enum class Combine { Sum, Mean, Max, Min };
 
@@ -70,7 +71,7 @@ std::string reduction_source(const Reduction& r, int64_t input_elements) {
   std::ostringstream s;
   s << generated_prelude();
   s << "__device__ __forceinline__ float npusim_combine(float a, float b) { return " << combine << "; }\n";
-  s << "extern \"C\" __global__ void __launch_bounds__(" << kWarpsPerBlock * 32 << ") " << kReductionKernelName << "("
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kThreads << ") " << kReductionKernelName << "("
     << storage_type(r.out_elem) << "* out, const " << storage_type(r.in_elem) << "* in) {\n";
   s << "  const " << type << " o = (" << type << ")blockIdx.x * " << kWarpsPerBlock << " + (threadIdx.x >> 5);\n";
   s << "  if (o >= " << r.kept.count << ") return;\n";
@@ -91,6 +92,22 @@ std::string reduction_source(const Reduction& r, int64_t input_elements) {
   return s.str();
 }
 
+// A launch of the generated kernel kReductionKernelName(out, in) in blocks of kThreads.
+std::optional<Launch> launch_of(const OpContext& ctx, const std::string& source, int64_t blocks, const DeviceValue& out,
+                                const DeviceValue& in) {
+  if (blocks > std::numeric_limits<int32_t>::max()) return std::nullopt;
+  const cudaKernel_t kernel = generated_kernel(source, kReductionKernelName, describe_node(ctx.node));
+  return [node = &ctx.node, kernel, blocks, out_data = static_cast<void*>(out.data),
+          in_data = static_cast<const void*>(in.data)](cudaStream_t stream) {
+    void* out_pointer = out_data;
+    const void* in_pointer = in_data;
+    void* arguments[] = {&out_pointer, &in_pointer};
+    check_launch(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(static_cast<unsigned>(blocks)),
+                                  dim3(kThreads), arguments, 0, stream),
+                 "the generated kernel", *node);
+  };
+}
+
 std::optional<Launch> reduction_op(const OpContext& ctx) {
   if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
   const DeviceValue& in = ctx.inputs[0];
@@ -109,19 +126,7 @@ std::optional<Launch> reduction_op(const OpContext& ctx) {
   // amax and amin of nothing are errors the reference reports; no output: nothing to do.
   if (r.reduced.count == 0 && (r.combine == Combine::Max || r.combine == Combine::Min)) return std::nullopt;
   if (out.numel() == 0) return Launch([](cudaStream_t) {});
-  const cudaKernel_t kernel =
-      generated_kernel(reduction_source(r, in.numel()), kReductionKernelName, describe_node(ctx.node));
-  const int64_t blocks = (out.numel() + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  if (blocks > std::numeric_limits<int32_t>::max()) return std::nullopt;
-  return [node = &ctx.node, kernel, blocks, out_data = static_cast<void*>(out.data),
-          in_data = static_cast<const void*>(in.data)](cudaStream_t stream) {
-    void* out_pointer = out_data;
-    const void* in_pointer = in_data;
-    void* arguments[] = {&out_pointer, &in_pointer};
-    check_launch(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(static_cast<unsigned>(blocks)),
-                                  dim3(kWarpsPerBlock * 32), arguments, 0, stream),
-                 "the generated reduction kernel", *node);
-  };
+  return launch_of(ctx, reduction_source(r, in.numel()), (out.numel() + kWarpsPerBlock - 1) / kWarpsPerBlock, out, in);
 }
 
 // avg_pool2d over the last two dims: a thread per output element sums its window (clipped to the input; the
@@ -132,9 +137,9 @@ std::string avg_pool_source(cpu::Elem in_elem, cpu::Elem out_elem, int64_t outpu
                             bool count_include_pad, int64_t divisor_override) {
   std::ostringstream s;
   s << generated_prelude();
-  s << "extern \"C\" __global__ void __launch_bounds__(256) " << kReductionKernelName << "(" << storage_type(out_elem)
-    << "* out, const " << storage_type(in_elem) << "* in) {\n";
-  s << "  const long long o = (long long)blockIdx.x * 256 + threadIdx.x;\n";
+  s << "extern \"C\" __global__ void __launch_bounds__(" << kThreads << ") " << kReductionKernelName << "("
+    << storage_type(out_elem) << "* out, const " << storage_type(in_elem) << "* in) {\n";
+  s << "  const long long o = (long long)blockIdx.x * " << kThreads << " + threadIdx.x;\n";
   s << "  if (o >= " << outputs << "LL) return;\n";
   s << "  const long long ox = o % " << out[1] << ", oy = (o / " << out[1] << ") % " << out[0] << ", plane = o / "
     << out[0] * out[1] << ";\n";
@@ -188,21 +193,10 @@ std::optional<Launch> avg_pool_op(const OpContext& ctx) {
   const std::array<int64_t, 2> in{xs[r - 2], xs[r - 1]}, out{ys[r - 2], ys[r - 1]};
   if (y.numel() == 0) return Launch([](cudaStream_t) {});
   const int64_t divisor_override = attrs.is_none("divisor_override") ? 0 : attrs.get_int("divisor_override");
-  const cudaKernel_t function =
-      generated_kernel(avg_pool_source(x.elem, y.elem, y.numel(), in, out, *kernel, *stride, *pad,
-                                       attrs.get_bool("count_include_pad", true), divisor_override),
-                       kReductionKernelName, describe_node(ctx.node));
-  const int64_t blocks = (y.numel() + 255) / 256;
-  if (blocks > std::numeric_limits<int32_t>::max()) return std::nullopt;
-  return [node = &ctx.node, function, blocks, out_data = static_cast<void*>(y.data),
-          in_data = static_cast<const void*>(x.data)](cudaStream_t stream) {
-    void* out_pointer = out_data;
-    const void* in_pointer = in_data;
-    void* arguments[] = {&out_pointer, &in_pointer};
-    check_launch(cudaLaunchKernel(reinterpret_cast<const void*>(function), dim3(static_cast<unsigned>(blocks)),
-                                  dim3(256), arguments, 0, stream),
-                 "the generated avg_pool2d kernel", *node);
-  };
+  return launch_of(ctx,
+                   avg_pool_source(x.elem, y.elem, y.numel(), in, out, *kernel, *stride, *pad,
+                                   attrs.get_bool("count_include_pad", true), divisor_override),
+                   (y.numel() + kThreads - 1) / kThreads, y, x);
 }
 
 }  // namespace
