@@ -33,11 +33,6 @@ struct Api {
   decltype(&::nvrtcGetErrorString) error_string;
 };
 
-template <typename Fn>
-void resolve(void* library, const char* symbol, Fn& function, std::string& missing) {
-  if (!resolve_symbol(library, symbol, function)) missing += std::string(missing.empty() ? "" : ", ") + symbol;
-}
-
 const Api* load(std::string* problem) {
   static std::once_flag once;
   static Api api;
@@ -52,19 +47,19 @@ const Api* load(std::string* problem) {
       return;
     }
     std::string missing;
-    resolve(library, "nvrtcVersion", api.version, missing);
-    resolve(library, "nvrtcGetNumSupportedArchs", api.architecture_count, missing);
-    resolve(library, "nvrtcGetSupportedArchs", api.architectures, missing);
-    resolve(library, "nvrtcCreateProgram", api.create, missing);
-    resolve(library, "nvrtcCompileProgram", api.compile, missing);
-    resolve(library, "nvrtcGetProgramLogSize", api.log_size, missing);
-    resolve(library, "nvrtcGetProgramLog", api.log, missing);
-    resolve(library, "nvrtcGetCUBINSize", api.cubin_size, missing);
-    resolve(library, "nvrtcGetCUBIN", api.cubin, missing);
-    resolve(library, "nvrtcGetPTXSize", api.ptx_size, missing);
-    resolve(library, "nvrtcGetPTX", api.ptx, missing);
-    resolve(library, "nvrtcDestroyProgram", api.destroy, missing);
-    resolve(library, "nvrtcGetErrorString", api.error_string, missing);
+    resolve_symbol(library, "nvrtcVersion", api.version, missing);
+    resolve_symbol(library, "nvrtcGetNumSupportedArchs", api.architecture_count, missing);
+    resolve_symbol(library, "nvrtcGetSupportedArchs", api.architectures, missing);
+    resolve_symbol(library, "nvrtcCreateProgram", api.create, missing);
+    resolve_symbol(library, "nvrtcCompileProgram", api.compile, missing);
+    resolve_symbol(library, "nvrtcGetProgramLogSize", api.log_size, missing);
+    resolve_symbol(library, "nvrtcGetProgramLog", api.log, missing);
+    resolve_symbol(library, "nvrtcGetCUBINSize", api.cubin_size, missing);
+    resolve_symbol(library, "nvrtcGetCUBIN", api.cubin, missing);
+    resolve_symbol(library, "nvrtcGetPTXSize", api.ptx_size, missing);
+    resolve_symbol(library, "nvrtcGetPTX", api.ptx, missing);
+    resolve_symbol(library, "nvrtcDestroyProgram", api.destroy, missing);
+    resolve_symbol(library, "nvrtcGetErrorString", api.error_string, missing);
     if (!missing.empty()) failure = "NVRTC lacks " + missing;
   });
   if (!failure.empty()) {

@@ -204,6 +204,8 @@ void apply_unary(const UnaryStep& step, const float* in, float* out, int64_t n);
 
 // The float step of a registered unary op with its attributes, or nothing when it has none here.
 std::optional<UnaryStep> unary_step(const std::string& op, const Attrs& attrs);
+// The float step of clamp's number bounds (either may be absent: an infinite bound), or nothing without either.
+std::optional<UnaryStep> clamp_step(const Attrs& attrs);
 // The float steps of an elementwise_chain's `ops` and `scalars` in order, or nothing when a step has none here.
 std::optional<std::vector<UnaryStep>> chain_steps(const Attrs& attrs);
 

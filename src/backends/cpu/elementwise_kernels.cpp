@@ -187,6 +187,14 @@ std::optional<UnaryStep> unary_step(const std::string& op, const Attrs& attrs) {
   return std::nullopt;
 }
 
+std::optional<UnaryStep> clamp_step(const Attrs& attrs) {
+  const bool has_low = !attrs.is_none("min"), has_high = !attrs.is_none("max");
+  if (!has_low && !has_high) return std::nullopt;
+  constexpr float kInfinity = std::numeric_limits<float>::infinity();
+  return UnaryStep{UnaryKind::Clamp, has_low ? static_cast<float>(attrs.get_float("min")) : -kInfinity,
+                   has_high ? static_cast<float>(attrs.get_float("max")) : kInfinity};
+}
+
 std::optional<std::vector<UnaryStep>> chain_steps(const Attrs& attrs) {
   const std::string& text = attrs.get_string("ops");
   const std::vector<double> scalars = attrs.get_floats("scalars");
@@ -621,11 +629,9 @@ std::optional<Kernel> clamp(const KernelContext& ctx) {
     if (!attrs.is_none(bound)) operands.push_back(ops::scalar_operand(attrs.get(bound)));
   const DType common = ops::result_type(operands);
   if (is_floating(common)) {
-    constexpr float kInfinity = std::numeric_limits<float>::infinity();
-    const UnaryStep step{UnaryKind::Clamp, has_low ? static_cast<float>(attrs.get_float("min")) : -kInfinity,
-                         has_high ? static_cast<float>(attrs.get_float("max")) : kInfinity};
-    return planned<float>(ctx, {OperandSpec{&ctx.inputs[0]}},
-                          [step](const float* const* x, float* out, int64_t n) { apply_unary(step, x[0], out, n); });
+    return planned<float>(
+        ctx, {OperandSpec{&ctx.inputs[0]}},
+        [step = *clamp_step(attrs)](const float* const* x, float* out, int64_t n) { apply_unary(step, x[0], out, n); });
   }
   IntUnary op{IntUnaryKind::Clamp};
   if (has_low) op.low = scalar_spec(attrs.get("min")).int_scalar;

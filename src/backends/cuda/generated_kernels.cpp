@@ -1,6 +1,9 @@
 #include "backends/cuda/generated_kernels.h"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -51,6 +54,22 @@ cudaKernel_t generated_kernel(const std::string& source, const char* name, const
   const cudaKernel_t kernel = compile_and_load(source, name, who);
   kernels.emplace(key, kernel);
   return kernel;
+}
+
+std::optional<Launch> generated_launch(const Node& node, cudaKernel_t kernel, int64_t blocks, int threads,
+                                       const std::vector<const void*>& pointers) {
+  if (blocks > std::numeric_limits<int32_t>::max() || pointers.size() > kMaxGeneratedPointers) return std::nullopt;
+  if (blocks == 0) return Launch([](cudaStream_t) {});
+  std::array<const void*, kMaxGeneratedPointers> captured{};
+  std::copy(pointers.begin(), pointers.end(), captured.begin());
+  return [node = &node, kernel, blocks, threads, captured](cudaStream_t stream) {
+    std::array<const void*, kMaxGeneratedPointers> values = captured;
+    std::array<void*, kMaxGeneratedPointers> arguments{};
+    for (size_t k = 0; k < values.size(); ++k) arguments[k] = &values[k];
+    check_launch(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(static_cast<unsigned>(blocks)),
+                                  dim3(static_cast<unsigned>(threads)), arguments.data(), 0, stream),
+                 "the generated kernel", *node);
+  };
 }
 
 size_t generated_kernels_compiled() { return compiled_sources.load(); }

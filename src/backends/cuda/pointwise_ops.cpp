@@ -1,6 +1,5 @@
 #include "backends/cuda/pointwise_ops.h"
 
-#include <array>
 #include <limits>
 
 #include "backends/cuda/generated_kernels.h"
@@ -11,7 +10,7 @@ namespace npusim::cuda {
 
 namespace {
 
-constexpr size_t kMaxGeneratedInputs = 8;
+constexpr size_t kMaxGeneratedInputs = kMaxGeneratedPointers - 1;
 
 using cpu::UnaryKind;
 using cpu::UnaryStep;
@@ -162,12 +161,8 @@ std::optional<std::vector<cpu::UnaryStep>> float_steps_of(const Node& node) {
   const Attrs& a = node.attrs;
   if (node.op == "elementwise_chain") return cpu::chain_steps(a);
   if (node.op == "clamp") {
-    const bool has_low = !a.is_none("min"), has_high = !a.is_none("max");
-    if (!has_low && !has_high) return std::nullopt;
-    constexpr float kInfinity = std::numeric_limits<float>::infinity();
-    return std::vector<cpu::UnaryStep>{{cpu::UnaryKind::Clamp,
-                                        has_low ? static_cast<float>(a.get_float("min")) : -kInfinity,
-                                        has_high ? static_cast<float>(a.get_float("max")) : kInfinity}};
+    if (std::optional<cpu::UnaryStep> step = cpu::clamp_step(a)) return std::vector{*step};
+    return std::nullopt;
   }
   if (node.op == "pow") {
     if (a.is_none("exponent") || !a.is_none("base")) return std::nullopt;
@@ -181,25 +176,12 @@ std::optional<Launch> generated_pointwise(const Node& node, PointwiseKernel kern
                                           const std::vector<DeviceValue>& inputs) {
   if (inputs.size() != kernel.inputs.size() || inputs.size() > kMaxGeneratedInputs) return std::nullopt;
   if (!nvrtc::available(nullptr)) return std::nullopt;
-  const auto nothing = [](cudaStream_t) {};
-  if (out.numel() == 0) return Launch(nothing);
   std::vector<const void*> addresses{out.data};
   for (const DeviceValue& in : inputs) addresses.push_back(in.data);
   kernel.lanes = vector_lanes(kernel, addresses);
+  if (out.numel() == 0) return generated_launch(node, nullptr, 0, kPointwiseThreads, addresses);
   const cudaKernel_t function = generated_kernel(pointwise_source(kernel), kPointwiseKernelName, describe_node(node));
-  const int64_t blocks = pointwise_blocks(kernel);
-  if (blocks > std::numeric_limits<int32_t>::max()) return std::nullopt;
-  std::array<void*, kMaxGeneratedInputs + 1> pointers{};
-  pointers[0] = out.data;
-  for (size_t k = 0; k < inputs.size(); ++k) pointers[k + 1] = inputs[k].data;
-  return [node = &node, function, blocks, pointers](cudaStream_t stream) {
-    std::array<void*, kMaxGeneratedInputs + 1> values = pointers;
-    std::array<void*, kMaxGeneratedInputs + 1> arguments{};
-    for (size_t k = 0; k < values.size(); ++k) arguments[k] = &values[k];
-    check_launch(cudaLaunchKernel(reinterpret_cast<const void*>(function), dim3(static_cast<unsigned>(blocks)),
-                                  dim3(kPointwiseThreads), arguments.data(), 0, stream),
-                 "the generated pointwise kernel", *node);
-  };
+  return generated_launch(node, function, pointwise_blocks(kernel), kPointwiseThreads, addresses);
 }
 
 void add_generated_pointwise_ops(std::map<std::string, OpFactory>& table) {

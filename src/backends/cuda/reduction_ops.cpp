@@ -95,17 +95,9 @@ std::string reduction_source(const Reduction& r, int64_t input_elements) {
 // A launch of the generated kernel kReductionKernelName(out, in) in blocks of kThreads.
 std::optional<Launch> launch_of(const OpContext& ctx, const std::string& source, int64_t blocks, const DeviceValue& out,
                                 const DeviceValue& in) {
-  if (blocks > std::numeric_limits<int32_t>::max()) return std::nullopt;
+  if (blocks == 0) return generated_launch(ctx.node, nullptr, 0, kThreads, {});
   const cudaKernel_t kernel = generated_kernel(source, kReductionKernelName, describe_node(ctx.node));
-  return [node = &ctx.node, kernel, blocks, out_data = static_cast<void*>(out.data),
-          in_data = static_cast<const void*>(in.data)](cudaStream_t stream) {
-    void* out_pointer = out_data;
-    const void* in_pointer = in_data;
-    void* arguments[] = {&out_pointer, &in_pointer};
-    check_launch(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(static_cast<unsigned>(blocks)),
-                                  dim3(kThreads), arguments, 0, stream),
-                 "the generated kernel", *node);
-  };
+  return generated_launch(ctx.node, kernel, blocks, kThreads, {out.data, in.data});
 }
 
 std::optional<Launch> reduction_op(const OpContext& ctx) {
@@ -125,7 +117,6 @@ std::optional<Launch> reduction_op(const OpContext& ctx) {
   if (r.kept.count != out.numel()) return std::nullopt;
   // amax and amin of nothing are errors the reference reports; no output: nothing to do.
   if (r.reduced.count == 0 && (r.combine == Combine::Max || r.combine == Combine::Min)) return std::nullopt;
-  if (out.numel() == 0) return Launch([](cudaStream_t) {});
   return launch_of(ctx, reduction_source(r, in.numel()), (out.numel() + kWarpsPerBlock - 1) / kWarpsPerBlock, out, in);
 }
 
@@ -191,7 +182,6 @@ std::optional<Launch> avg_pool_op(const OpContext& ctx) {
   if (!stride || !pad) return std::nullopt;
   const size_t r = xs.size();
   const std::array<int64_t, 2> in{xs[r - 2], xs[r - 1]}, out{ys[r - 2], ys[r - 1]};
-  if (y.numel() == 0) return Launch([](cudaStream_t) {});
   const int64_t divisor_override = attrs.is_none("divisor_override") ? 0 : attrs.get_int("divisor_override");
   return launch_of(ctx,
                    avg_pool_source(x.elem, y.elem, y.numel(), in, out, *kernel, *stride, *pad,

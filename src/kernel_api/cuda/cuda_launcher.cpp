@@ -74,14 +74,6 @@ struct CudaDevice {
   int max_shared_optin = 0;    // per block at most
 };
 
-// resolve_symbol, naming a symbol the library lacks in `missing`.
-template <typename Fn>
-bool resolve(void* library, const char* symbol, Fn& function, std::string& missing) {
-  if (resolve_symbol(library, symbol, function)) return true;
-  missing += std::string(missing.empty() ? "" : ", ") + symbol;
-  return false;
-}
-
 // Opens the driver and the device once; afterwards returns the device, or null with the reason.
 const CudaDevice* open_device(std::string* reason) {
   static std::once_flag once;
@@ -95,29 +87,29 @@ const CudaDevice* open_device(std::string* reason) {
     }
     Driver& d = device.driver;
     std::string missing;
-    resolve(library, "cuInit", d.init, missing);
-    resolve(library, "cuDriverGetVersion", d.driver_version, missing);
-    resolve(library, "cuDeviceGetCount", d.device_count, missing);
-    resolve(library, "cuDeviceGet", d.device_get, missing);
-    resolve(library, "cuDeviceGetName", d.device_name, missing);
-    resolve(library, "cuDeviceGetAttribute", d.device_attribute, missing);
-    resolve(library, "cuDevicePrimaryCtxRetain", d.retain_primary_context, missing);
-    resolve(library, "cuCtxSetCurrent", d.set_current, missing);
-    resolve(library, "cuCtxSynchronize", d.synchronize, missing);
-    resolve(library, "cuModuleLoadData", d.module_load, missing);
-    resolve(library, "cuModuleUnload", d.module_unload, missing);
-    resolve(library, "cuModuleGetFunction", d.module_function, missing);
-    resolve(library, "cuModuleGetGlobal_v2", d.module_global, missing);
-    resolve(library, "cuFuncGetAttribute", d.function_attribute, missing);
-    resolve(library, "cuFuncSetAttribute", d.set_function_attribute, missing);
-    resolve(library, "cuLaunchKernel", d.launch, missing);
-    resolve(library, "cuMemAlloc_v2", d.allocate, missing);
-    resolve(library, "cuMemFree_v2", d.free, missing);
-    resolve(library, "cuMemcpyHtoD_v2", d.copy_to_device, missing);
-    resolve(library, "cuMemcpyDtoH_v2", d.copy_to_host, missing);
-    resolve(library, "cuMemsetD8_v2", d.memset, missing);
-    resolve(library, "cuGetErrorName", d.error_name, missing);
-    resolve(library, "cuGetErrorString", d.error_string, missing);
+    resolve_symbol(library, "cuInit", d.init, missing);
+    resolve_symbol(library, "cuDriverGetVersion", d.driver_version, missing);
+    resolve_symbol(library, "cuDeviceGetCount", d.device_count, missing);
+    resolve_symbol(library, "cuDeviceGet", d.device_get, missing);
+    resolve_symbol(library, "cuDeviceGetName", d.device_name, missing);
+    resolve_symbol(library, "cuDeviceGetAttribute", d.device_attribute, missing);
+    resolve_symbol(library, "cuDevicePrimaryCtxRetain", d.retain_primary_context, missing);
+    resolve_symbol(library, "cuCtxSetCurrent", d.set_current, missing);
+    resolve_symbol(library, "cuCtxSynchronize", d.synchronize, missing);
+    resolve_symbol(library, "cuModuleLoadData", d.module_load, missing);
+    resolve_symbol(library, "cuModuleUnload", d.module_unload, missing);
+    resolve_symbol(library, "cuModuleGetFunction", d.module_function, missing);
+    resolve_symbol(library, "cuModuleGetGlobal_v2", d.module_global, missing);
+    resolve_symbol(library, "cuFuncGetAttribute", d.function_attribute, missing);
+    resolve_symbol(library, "cuFuncSetAttribute", d.set_function_attribute, missing);
+    resolve_symbol(library, "cuLaunchKernel", d.launch, missing);
+    resolve_symbol(library, "cuMemAlloc_v2", d.allocate, missing);
+    resolve_symbol(library, "cuMemFree_v2", d.free, missing);
+    resolve_symbol(library, "cuMemcpyHtoD_v2", d.copy_to_device, missing);
+    resolve_symbol(library, "cuMemcpyDtoH_v2", d.copy_to_host, missing);
+    resolve_symbol(library, "cuMemsetD8_v2", d.memset, missing);
+    resolve_symbol(library, "cuGetErrorName", d.error_name, missing);
+    resolve_symbol(library, "cuGetErrorString", d.error_string, missing);
     if (!missing.empty()) {
       problem = "the CUDA driver lacks " + missing + " (driver too old?)";
       return;
