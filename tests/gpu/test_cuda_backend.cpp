@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -298,7 +299,7 @@ std::vector<Case> attention_cases() {
   cases.push_back(make("attention", {f({1, 6, 1, 32}), f({1, 2, 160, 32}), f({1, 2, 160, 32}), ints({1}, 20, 21)},
                        attrs({{"has_cache_position", B(true)}}), "decode one run"));
   // The decode form on tensor cores (fp16/bf16 keys and values 64 or 128 wide, a block per key/value head with all
-  // its query heads): groups of 16 (both fragment halves), 8, 7, 3 and 1, partial tiles, more runs than a warp has
+  // its query heads): groups of 8, 7, 3 and 1 (16 take the tiled form), partial tiles, more runs than a warp has
   // lanes, a mask per head, batches; 256-wide rows take the CUDA-core form.
   cases.push_back(make(
       "attention", {f({2, 16, 1, 64}), f({2, 2, 700, 64}), f({2, 2, 700, 64}), f({2, 16, 1, 700}), ints({1}, 500, 501)},
@@ -314,6 +315,13 @@ std::vector<Case> attention_cases() {
                        attrs({{"has_mask", B(true)}}), "decode group of 3, bool mask"));
   cases.push_back(
       make("attention", {f({1, 2, 1, 128}), f({1, 2, 17000, 128}), f({1, 2, 17000, 128})}, {}, "decode 34 runs"));
+  // Every run attended (16 of 16), and 8 of 12 runs attended with a mask per head.
+  cases.push_back(make("attention", {f({1, 6, 1, 128}), f({1, 2, 2048, 128}), f({1, 2, 2048, 128})},
+                       attrs({{"scale", F(0.2)}}), "decode 16 runs"));
+  cases.push_back(
+      make("attention",
+           {f({1, 8, 1, 64}), f({1, 1, 1500, 64}), f({1, 1, 1500, 64}), f({1, 8, 1, 1500}), ints({1}, 900, 901)},
+           attrs({{"has_mask", B(true)}, {"has_cache_position", B(true)}}), "decode 8 of 12 runs attended"));
   // Several query rows per head, in blocks of four positions (33 leaves a partial block).
   cases.push_back(make("attention", {f({2, 4, 33, 16}), f({2, 2, 33, 16}), f({2, 2, 33, 16})},
                        attrs({{"is_causal", B(true)}}), "causal rows in blocks"));
@@ -964,6 +972,7 @@ TEST(CudaBackend, BadEnvironmentSwitchesAreErrorsNamingTheVariable) {
        std::vector<std::pair<const char*, const char*>>{{"NPUSIM_CUDA_CONV", "fast"},
                                                         {"NPUSIM_CUDA_GRAPHS", "no"},
                                                         {"NPUSIM_CUDA_FUSE", "2"},
+                                                        {"NPUSIM_CUDA_CACHE_PREFETCH", "yes"},
                                                         {"NPUSIM_CUDA_IM2COL_BYTES", "64M"},
                                                         {"NPUSIM_CUDA_IM2COL_BYTES", "0"}}) {
     const ScopedEnvironment bad(name, value);
@@ -1162,6 +1171,50 @@ TEST(QwenTinyOnCuda, DecodeLogitsAndCachesMatchTheReference) {
     for (size_t i = 0; i < outputs.size(); ++i) {
       const Comparison c = compare_tensors(outputs[i].second, reference.get("out_" + std::to_string(i)));
       EXPECT_LT(c.max_abs_diff, 1e-4) << "out_" << i << ": " << c.summary();
+    }
+  }
+}
+
+// Decode attention's cache rows are fetched into L2 on a second stream (one launch per attention node, forked
+// inside the captured graph): the same logits and caches, bit for bit, as with $NPUSIM_CUDA_CACHE_PREFETCH=0.
+TEST(QwenTinyOnCuda, CachePrefetchesRunBesideTheProjectionsAndChangeNoResult) {
+  const Graph graph = read_torch_ir(kTiny + "/decode_ir.json");
+  const SafetensorsFile reference = SafetensorsFile::open(kTiny + "/decode_reference.safetensors");
+  std::map<std::string, Tensor> inputs;
+  for (ValueId id : graph.inputs) inputs[graph.value(id).name] = reference.get(graph.value(id).name);
+  for (const DType storage : {DType::Float32, DType::BFloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(storage)));
+    const Program program = compile_for(graph, storage);
+    const size_t attention_nodes = static_cast<size_t>(std::count_if(
+        program.graph.nodes.begin(), program.graph.nodes.end(), [](const Node& n) { return n.op == "attention"; }));
+    ASSERT_GT(attention_nodes, 0u);
+    WeightStore store = tiny_store();
+    auto run_twice = [&](size_t& side) {
+      const auto prepared = cuda::CudaBackend().prepare(program, store.bind(program.graph).tensors);
+      prepared->run(inputs);
+      NamedTensors outputs = prepared->run(inputs);
+      EXPECT_TRUE(cuda::replays_graph(*prepared)) << cuda::graph_capture_failure(*prepared);
+      side = cuda::side_launches(*prepared);
+      return outputs;
+    };
+    size_t with_prefetch = 0, without_prefetch = 0;
+    const NamedTensors prefetched = run_twice(with_prefetch);
+    NamedTensors plain;
+    {
+      const ScopedEnvironment off("NPUSIM_CUDA_CACHE_PREFETCH", "0");
+      plain = run_twice(without_prefetch);
+    }
+    EXPECT_EQ(with_prefetch, attention_nodes);
+    EXPECT_EQ(without_prefetch, 0u);
+    ASSERT_EQ(prefetched.size(), plain.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      const Tensor& a = prefetched[i].second;
+      const Tensor& b = plain[i].second;
+      ASSERT_EQ(a.nbytes(), b.nbytes()) << prefetched[i].first;
+      EXPECT_EQ(std::memcmp(a.bytes(), b.bytes(), a.nbytes()), 0)
+          << prefetched[i].first << " differs with the prefetches";
+      const Comparison c = compare_tensors(prefetched[i].second, reference.get("out_" + std::to_string(i)));
+      EXPECT_GT(c.pearson, 0.999) << prefetched[i].first << ": " << c.summary();
     }
   }
 }

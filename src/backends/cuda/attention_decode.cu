@@ -371,7 +371,33 @@ cudaError_t launch_decode_storage(cudaStream_t stream, const AttentionParams& p,
   return launch_decode_typed<T, 128>(stream, p, plan, out, out_elem, q, k, v, scratch);
 }
 
+// The attended rows of every key/value head's cache into L2: a 128-byte line per prefetch, spread over the grid.
+__global__ void __launch_bounds__(256) prefetch_cache_kernel(AttentionParams p, const char* k, const char* v,
+                                                             int64_t key_row_bytes, int64_t value_row_bytes) {
+  const int64_t attended = attended_keys(p);
+  const int64_t key_lines = (attended * key_row_bytes + 127) / 128,
+                value_lines = (attended * value_row_bytes + 127) / 128;
+  const int64_t per_head = key_lines + value_lines, heads = p.batch * p.k_heads;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < heads * per_head; i += stride) {
+    const int64_t head = i / per_head, line = i % per_head;
+    const char* address = line < key_lines ? k + head * p.source * key_row_bytes + line * 128
+                                           : v + head * p.source * value_row_bytes + (line - key_lines) * 128;
+    prefetch_l2(address);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_cache_prefetch(cudaStream_t stream, const AttentionParams& p, int elem, const void* k,
+                                  const void* v) {
+  if (p.batch * p.k_heads <= 0 || p.k_heads != p.v_heads) return cudaErrorInvalidValue;
+  constexpr int kPrefetchBlocks = 32;
+  prefetch_cache_kernel<<<kPrefetchBlocks, 256, 0, stream>>>(p, static_cast<const char*>(k),
+                                                             static_cast<const char*>(v), p.embed * element_bytes(elem),
+                                                             p.value_embed * element_bytes(elem));
+  return cudaGetLastError();
+}
 
 bool decode_attention_applies(const AttentionParams& p, int elem, const void* k, const void* v) {
   const auto aligned = [](const void* data) { return reinterpret_cast<uintptr_t>(data) % 16 == 0; };

@@ -24,4 +24,10 @@ int64_t decode_attention_scratch_floats(const AttentionParams& p, DecodeTuning t
 cudaError_t launch_decode_attention(cudaStream_t stream, const AttentionParams& p, int elem, void* out, int out_elem,
                                     Operand q, const void* k, const void* v, float* scratch, DecodeTuning tuning = {});
 
+// Fetches the cache rows attention `p` will read (0..cache position, per key/value head; `k` and `v` as
+// [batch, heads, source, features] of `elem`) into L2, reading nothing into the SMs: launched on a second stream
+// while the kernels ahead of the attention run, it overlaps the cache's reads with theirs.
+cudaError_t launch_cache_prefetch(cudaStream_t stream, const AttentionParams& p, int elem, const void* k,
+                                  const void* v);
+
 }  // namespace npusim::cuda

@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 
+#include "backends/cuda/cache_prefetch.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/device_kernels.h"
@@ -166,6 +168,7 @@ class CudaPreparedProgram final : public PreparedProgram {
   bool replays_graph() const { return run_exec_ != nullptr; }  // the whole run, copies included, as one graph
   const std::string& capture_failure() const { return capture_failure_; }
   size_t graph_nodes() const { return graph_exec_ ? graph_nodes_ : 0; }
+  size_t side_launches() const { return side_launches_.size(); }
 
   double time_replays(int replays) {
     if (!graph_exec_) fail(graph_.source + ": no captured CUDA graph to time (run the program first)");
@@ -334,6 +337,11 @@ class CudaPreparedProgram final : public PreparedProgram {
       kernels_.push_back(make_kernel(ctx));
       timings_.push_back({node.name, node.op, 0.0});
     }
+    std::vector<size_t> kernel_nodes;
+    for (const PreparedNode& kernel : kernels_)
+      kernel_nodes.push_back(static_cast<size_t>(kernel.node - graph_.nodes.data()));
+    side_launches_ = plan_cache_prefetches(graph_, kernel_nodes, [this](size_t n) { return context_of(n); });
+    if (!side_launches_.empty() && !side_stream_) side_stream_ = std::make_unique<SideStream>(graph_.source);
     for (const StateSlot& slot : state_)
       if (addresses_[static_cast<size_t>(root_of(slot.output))] != slot.memory->data())
         fail(graph_.source + ": state '" + slot.input_name + "' is not updated in place");
@@ -376,8 +384,13 @@ class CudaPreparedProgram final : public PreparedProgram {
     const std::string where = graph_.source + ": clearing the error flags";
     NPUSIM_CUDA_CHECK(cudaMemsetAsync(flags_.data(), 0, flags_.size(), stream_), where);
     if (timed) ensure_events();
+    size_t side = 0;
     for (size_t i = 0; i < kernels_.size(); ++i) {
       try {
+        for (; side < side_launches_.size() && side_launches_[side].before_kernel == i; ++side) {
+          side_stream_->fork(stream_);
+          side_launches_[side].launch(side_stream_->stream());
+        }
         if (timed) NPUSIM_CUDA_CHECK(cudaEventRecord(events_[2 * i], stream_), "profiling");
         kernels_[i].launch(stream_);
         if (timed) NPUSIM_CUDA_CHECK(cudaEventRecord(events_[2 * i + 1], stream_), "profiling");
@@ -386,6 +399,7 @@ class CudaPreparedProgram final : public PreparedProgram {
         fail(graph_.source + ": node '" + node.name + "' (" + node.source_op + "): " + error.what());
       }
     }
+    if (!side_launches_.empty()) side_stream_->join(stream_);
   }
 
   // One capture of the whole run; a capture that fails leaves the program running launch by launch.
@@ -631,6 +645,8 @@ class CudaPreparedProgram final : public PreparedProgram {
   std::vector<std::byte*> addresses_;         // by ValueId; unused for views
   std::vector<ValueId> view_of_;              // by ValueId: the value a view aliases, or kNoValue
   std::vector<PreparedNode> kernels_;
+  std::vector<SideLaunch> side_launches_;    // on side_stream_, forked from the main stream before their kernels
+  std::unique_ptr<SideStream> side_stream_;  // made when there are side launches
   std::vector<KernelTiming> timings_;
   std::shared_ptr<SharedScratch> scratch_;  // shared by the launches, e.g. im2col's columns
   std::vector<cudaEvent_t> events_;
@@ -680,6 +696,11 @@ double graph_replay_milliseconds(PreparedProgram& program, int replays) {
   auto* cuda = dynamic_cast<CudaPreparedProgram*>(&program);
   if (!cuda) fail("graph replay timing: the program is not prepared on the CUDA backend");
   return cuda->time_replays(replays);
+}
+
+size_t side_launches(const PreparedProgram& program) {
+  const auto* cuda = dynamic_cast<const CudaPreparedProgram*>(&program);
+  return cuda ? cuda->side_launches() : 0;
 }
 
 size_t captured_graph_nodes(const PreparedProgram& program) {

@@ -42,6 +42,8 @@ class CudaBackend : public Backend {
 bool replays_graph(const PreparedProgram& program);
 // The nodes (kernels, memsets) of its captured kernels' graph, without the run's copies; 0 before capture.
 size_t captured_graph_nodes(const PreparedProgram& program);
+// The launches it runs on its second stream beside the main one (the cache prefetches of decode attention).
+size_t side_launches(const PreparedProgram& program);
 // The device time of one replay of its captured graph (inputs as the last run left them, no copies in or out, no
 // host synchronization between replays), in milliseconds over `replays` back-to-back replays; fails before capture.
 double graph_replay_milliseconds(PreparedProgram& program, int replays);

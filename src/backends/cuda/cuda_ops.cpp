@@ -8,6 +8,7 @@
 #include <limits>
 #include <set>
 
+#include "backends/cuda/attention_decode.h"
 #include "backends/cuda/attention_mma.h"
 #include "backends/cuda/blas_lt.h"
 #include "backends/cuda/cuda_util.h"
@@ -1250,6 +1251,19 @@ std::optional<Launch> attention_with_heads_inner(const OpContext& ctx, const Dev
     return std::nullopt;
   p->heads_inner_output = true;
   return attention_launch(ctx, *p, out);
+}
+
+std::optional<Launch> cache_prefetch_launch(const OpContext& ctx) {
+  if (ctx.node.op != "attention" || environment_is("NPUSIM_CUDA_CACHE_PREFETCH", "0")) return std::nullopt;
+  const std::optional<AttentionParams> p = attention_params(ctx);
+  const DeviceValue& k = ctx.inputs[1];
+  const DeviceValue& v = ctx.inputs[2];
+  if (!p || p->length != 1 || (p->cache_position && !p->positions_ready) || k.elem != v.elem ||
+      p->k_heads != p->v_heads)
+    return std::nullopt;
+  return [node = &ctx.node, p = *p, k, v](cudaStream_t stream) {
+    check_launch(launch_cache_prefetch(stream, p, elem_code(k.elem), k.data, v.data), "launch_cache_prefetch", *node);
+  };
 }
 
 std::optional<std::vector<int64_t>> transposed_source_strides(const Node& node, const Shape& input_shape) {

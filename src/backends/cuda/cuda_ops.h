@@ -76,6 +76,10 @@ std::optional<RopeCacheJob> cache_write_job(const OpContext& ctx, const DeviceVa
 // An attention node writing its output as [batch, length, heads, value_embed] into `out` (the bytes of a transpose
 // of its output), or nothing where its kernel cannot.
 std::optional<Launch> attention_with_heads_inner(const OpContext& ctx, const DeviceValue& out);
+// For a decode attention node (one query row per head, positions known before the run starts): a launch that
+// fetches the cache rows it will read into L2, for a second stream to run ahead of it. NPUSIM_CUDA_CACHE_PREFETCH=0
+// turns it off.
+std::optional<Launch> cache_prefetch_launch(const OpContext& ctx);
 // A linear of several rows (not the GEMV) whose output goes only to `out` = output + `residual` (a residual add),
 // as one cuBLASLt GEMM accumulating onto the residual, or nothing where it does not apply.
 std::optional<Launch> linear_with_residual(const OpContext& ctx, const DeviceValue& residual, const DeviceValue& out);

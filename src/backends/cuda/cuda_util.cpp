@@ -80,7 +80,8 @@ void check_environment() {
       {"NPUSIM_CUDA_GEMM_TUNE", {"0", "1"}},     {"NPUSIM_CUDA_GEMM_EPILOGUE", {"0", "1"}},
       {"NPUSIM_CUDA_GEMM_LOG", {"0", "1"}},      {"NPUSIM_CUDA_NO_CUBLAS", {"0", "1"}},
       {"NPUSIM_CUDA_NO_CUDNN", {"0", "1"}},      {"NPUSIM_CUDA_CONV_LOG", {"0", "1"}},
-      {"NPUSIM_CUDA_MMA_ATTENTION", {"0", "1"}}, {"NPUSIM_CUDA_CONV", {"lt", "cudnn"}}};
+      {"NPUSIM_CUDA_MMA_ATTENTION", {"0", "1"}}, {"NPUSIM_CUDA_CONV", {"lt", "cudnn"}},
+      {"NPUSIM_CUDA_CACHE_PREFETCH", {"0", "1"}}};
   for (const auto& [name, values] : kSwitches) {
     const char* text = std::getenv(name);
     if (!text || !*text || std::find(values.begin(), values.end(), text) != values.end()) continue;
