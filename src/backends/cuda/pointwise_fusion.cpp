@@ -70,7 +70,13 @@ class RunBuilder {
       value_of[node.outputs[0]] = static_cast<int>(externals.size() + kernel.steps.size()) - 1;
       label += (label.empty() ? "" : "+") + node.op;
     }
-    std::optional<Launch> launch = generated_pointwise(graph_.nodes[last], std::move(kernel), out, inputs);
+    std::optional<Launch> launch;
+    try {
+      launch = generated_pointwise(graph_.nodes[last], std::move(kernel), out, inputs);
+    } catch (const Error&) {
+      // A run whose source does not compile stays unfused: its nodes take their own kernels, as a single node whose
+      // source does not compile runs on the host.
+    }
     if (!launch) return std::nullopt;
     return PointwiseRun{last, std::move(*launch), label};
   }
