@@ -9,6 +9,7 @@
 
 #include "backends/cpu/attention_kernels.h"
 #include "backends/cpu/elementwise.h"
+#include "backends/cpu/pool_window.h"
 #include "ops/gemm.h"
 
 namespace npusim::cpu {
@@ -318,22 +319,14 @@ std::optional<Kernel> embedding(const KernelContext& ctx) {
 // ---------------------------------------------------------------------------------------------------------------
 // Pooling over the last two dims; output sizes come from the inferred output shape.
 
-struct PoolPlan {
+struct PoolPlan : PoolWindow {
   int64_t planes = 0;
-  std::array<int64_t, 2> in{1, 1}, out{1, 1}, kernel{1, 1}, stride{1, 1}, pad{0, 0}, dilation{1, 1};
+  std::array<int64_t, 2> in{1, 1}, out{1, 1};
   Buffer x, y;
   std::optional<Buffer> indices;
   bool count_include_pad = true;
   int64_t divisor_override = 0;
 };
-
-std::optional<std::array<int64_t, 2>> pair_attr(const Attrs& attrs, const std::string& name,
-                                                std::vector<int64_t> fallback) {
-  std::vector<int64_t> values = attrs.get_ints(name, std::move(fallback));
-  if (values.size() == 1) values.assign(2, values[0]);
-  if (values.size() != 2) return std::nullopt;
-  return std::array<int64_t, 2>{values[0], values[1]};
-}
 
 std::optional<PoolPlan> pool_plan(const KernelContext& ctx, bool with_dilation) {
   if (!is_floating(ctx.inputs[0].meta.dtype)) return std::nullopt;
@@ -343,17 +336,9 @@ std::optional<PoolPlan> pool_plan(const KernelContext& ctx, bool with_dilation) 
   const Shape& in = p.x.meta.shape;
   const Shape& out = p.y.meta.shape;
   if (in.size() < 3 || in.size() > 4 || out.size() != in.size()) return std::nullopt;
-  const Attrs& attrs = ctx.node.attrs;
-  const auto kernel = pair_attr(attrs, "kernel_size", {});
-  auto stride = pair_attr(attrs, "stride", {});
-  if (attrs.get_ints("stride", {}).empty()) stride = kernel;
-  const auto pad = pair_attr(attrs, "padding", {0});
-  const auto dilation = with_dilation ? pair_attr(attrs, "dilation", {1}) : std::array<int64_t, 2>{1, 1};
-  if (!kernel || !stride || !pad || !dilation) return std::nullopt;
-  p.kernel = *kernel;
-  p.stride = *stride;
-  p.pad = *pad;
-  p.dilation = *dilation;
+  const std::optional<PoolWindow> window = pool_window(ctx.node.attrs, with_dilation);
+  if (!window) return std::nullopt;
+  static_cast<PoolWindow&>(p) = *window;
   p.in = {in[in.size() - 2], in.back()};
   p.out = {out[out.size() - 2], out.back()};
   p.planes = shape_numel(Shape(in.begin(), in.end() - 2));

@@ -12,6 +12,7 @@
 #endif
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/pool_window.h"
 #include "core/cpu_features.h"
 
 namespace npusim::cpu {
@@ -20,9 +21,9 @@ namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 
-struct MaxPoolPlan {
+struct MaxPoolPlan : PoolWindow {
   int64_t planes = 0;
-  std::array<int64_t, 2> in{1, 1}, out{1, 1}, kernel{1, 1}, stride{1, 1}, pad{0, 0}, dilation{1, 1};
+  std::array<int64_t, 2> in{1, 1}, out{1, 1};
   Buffer x, y;
 };
 
@@ -30,14 +31,6 @@ struct MaxPoolPlan {
 inline float nan_max(float best, float value) {
   const float larger = value > best ? value : best;
   return value != value ? value : larger;
-}
-
-std::optional<std::array<int64_t, 2>> pair_attr(const Attrs& attrs, const std::string& name,
-                                                std::vector<int64_t> fallback) {
-  std::vector<int64_t> values = attrs.get_ints(name, std::move(fallback));
-  if (values.size() == 1) values.assign(2, values[0]);
-  if (values.size() != 2) return std::nullopt;
-  return std::array<int64_t, 2>{values[0], values[1]};
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -157,19 +150,9 @@ std::optional<Kernel> max_pool2d(const KernelContext& ctx) {
   const Shape& in = p.x.meta.shape;
   const Shape& out = p.y.meta.shape;
   if (in.size() < 3 || in.size() > 4 || out.size() != in.size()) return std::nullopt;
-  const Attrs& attrs = ctx.node.attrs;
-  const auto kernel = pair_attr(attrs, "kernel_size", {});
-  auto stride = pair_attr(attrs, "stride", {});
-  if (attrs.get_ints("stride", {}).empty()) stride = kernel;
-  const auto pad = pair_attr(attrs, "padding", {0});
-  const auto dilation = pair_attr(attrs, "dilation", {1});
-  if (!kernel || !stride || !pad || !dilation) return std::nullopt;
-  p.kernel = *kernel;
-  p.stride = *stride;
-  p.pad = *pad;
-  p.dilation = *dilation;
-  for (int d = 0; d < 2; ++d)
-    if (p.kernel[d] < 1 || p.stride[d] < 1 || p.dilation[d] < 1 || p.pad[d] < 0) return std::nullopt;
+  const std::optional<PoolWindow> window = pool_window(ctx.node.attrs, true);
+  if (!window) return std::nullopt;
+  static_cast<PoolWindow&>(p) = *window;
   p.in = {in[in.size() - 2], in.back()};
   p.out = {out[out.size() - 2], out.back()};
   p.planes = shape_numel(Shape(in.begin(), in.end() - 2));
