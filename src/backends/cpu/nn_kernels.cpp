@@ -9,8 +9,8 @@
 
 #include "backends/cpu/attention_kernels.h"
 #include "backends/cpu/elementwise.h"
-#include "backends/cpu/pool_window.h"
 #include "ops/gemm.h"
+#include "ops/pool_window.h"
 
 namespace npusim::cpu {
 
@@ -319,7 +319,7 @@ std::optional<Kernel> embedding(const KernelContext& ctx) {
 // ---------------------------------------------------------------------------------------------------------------
 // Pooling over the last two dims; output sizes come from the inferred output shape.
 
-struct PoolPlan : PoolWindow {
+struct PoolPlan : ops::PoolWindow {
   int64_t planes = 0;
   std::array<int64_t, 2> in{1, 1}, out{1, 1};
   Buffer x, y;
@@ -336,9 +336,9 @@ std::optional<PoolPlan> pool_plan(const KernelContext& ctx, bool with_dilation) 
   const Shape& in = p.x.meta.shape;
   const Shape& out = p.y.meta.shape;
   if (in.size() < 3 || in.size() > 4 || out.size() != in.size()) return std::nullopt;
-  const std::optional<PoolWindow> window = pool_window(ctx.node.attrs, with_dilation);
+  const std::optional<ops::PoolWindow> window = ops::pool_window(ctx.node.attrs, with_dilation);
   if (!window) return std::nullopt;
-  static_cast<PoolWindow&>(p) = *window;
+  static_cast<ops::PoolWindow&>(p) = *window;
   p.in = {in[in.size() - 2], in.back()};
   p.out = {out[out.size() - 2], out.back()};
   p.planes = shape_numel(Shape(in.begin(), in.end() - 2));

@@ -12,8 +12,8 @@
 #endif
 
 #include "backends/cpu/kernels.h"
-#include "backends/cpu/pool_window.h"
 #include "core/cpu_features.h"
+#include "ops/pool_window.h"
 
 namespace npusim::cpu {
 
@@ -21,7 +21,7 @@ namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
 
-struct MaxPoolPlan : PoolWindow {
+struct MaxPoolPlan : ops::PoolWindow {
   int64_t planes = 0;
   std::array<int64_t, 2> in{1, 1}, out{1, 1};
   Buffer x, y;
@@ -150,9 +150,9 @@ std::optional<Kernel> max_pool2d(const KernelContext& ctx) {
   const Shape& in = p.x.meta.shape;
   const Shape& out = p.y.meta.shape;
   if (in.size() < 3 || in.size() > 4 || out.size() != in.size()) return std::nullopt;
-  const std::optional<PoolWindow> window = pool_window(ctx.node.attrs, true);
+  const std::optional<ops::PoolWindow> window = ops::pool_window(ctx.node.attrs, true);
   if (!window) return std::nullopt;
-  static_cast<PoolWindow&>(p) = *window;
+  static_cast<ops::PoolWindow&>(p) = *window;
   p.in = {in[in.size() - 2], in.back()};
   p.out = {out[out.size() - 2], out.back()};
   p.planes = shape_numel(Shape(in.begin(), in.end() - 2));

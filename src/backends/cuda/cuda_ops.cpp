@@ -17,6 +17,7 @@
 #include "backends/cuda/pointwise_ops.h"
 #include "backends/cuda/reduction_ops.h"
 #include "ops/op_util.h"
+#include "ops/pool_window.h"
 
 namespace npusim::cuda {
 
@@ -1075,11 +1076,8 @@ std::optional<Launch> max_pool_op(const OpContext& ctx) {
   const Shape& xs = x.meta.shape;
   const Shape& os = out.meta.shape;
   if ((xs.size() != 4 && xs.size() != 3) || os.size() != xs.size()) return std::nullopt;
-  const auto kernel = pair_of(a, "kernel_size", {});
-  auto stride = pair_of(a, "stride", {});
-  if (stride.empty()) stride = kernel;
-  const auto padding = pair_of(a, "padding", {0}), dilation = pair_of(a, "dilation", {1});
-  if (kernel.size() != 2 || stride.size() != 2 || padding.size() != 2 || dilation.size() != 2) return std::nullopt;
+  const std::optional<ops::PoolWindow> window = ops::pool_window(a, true);
+  if (!window) return std::nullopt;
   const size_t r = xs.size();
   PoolParams p{};
   p.planes = x.numel() / (xs[r - 2] * xs[r - 1] == 0 ? 1 : xs[r - 2] * xs[r - 1]);
@@ -1087,14 +1085,14 @@ std::optional<Launch> max_pool_op(const OpContext& ctx) {
   p.in_w = xs[r - 1];
   p.out_h = os[r - 2];
   p.out_w = os[r - 1];
-  p.kernel_h = kernel[0];
-  p.kernel_w = kernel[1];
-  p.stride_h = stride[0];
-  p.stride_w = stride[1];
-  p.pad_h = padding[0];
-  p.pad_w = padding[1];
-  p.dilation_h = dilation[0];
-  p.dilation_w = dilation[1];
+  p.kernel_h = window->kernel[0];
+  p.kernel_w = window->kernel[1];
+  p.stride_h = window->stride[0];
+  p.stride_w = window->stride[1];
+  p.pad_h = window->pad[0];
+  p.pad_w = window->pad[1];
+  p.dilation_h = window->dilation[0];
+  p.dilation_w = window->dilation[1];
   if (p.in_h * p.in_w == 0) return std::nullopt;
   return [node = &ctx.node, p, out, x](cudaStream_t stream) {
     check_launch(launch_max_pool2d(stream, p, out.data, elem_code(out.elem), as_operand(x)), "launch_max_pool2d",

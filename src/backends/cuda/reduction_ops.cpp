@@ -9,6 +9,7 @@
 #include "backends/cuda/pointwise_codegen.h"
 #include "core/nvrtc_compiler.h"
 #include "ops/op_util.h"
+#include "ops/pool_window.h"
 
 namespace npusim::cuda {
 
@@ -156,15 +157,6 @@ std::string avg_pool_source(cpu::Elem in_elem, cpu::Elem out_elem, int64_t outpu
   return s.str();
 }
 
-// A pool attribute of two spatial values (one value means both).
-std::optional<std::array<int64_t, 2>> spatial(const Attrs& attrs, const char* name, std::vector<int64_t> fallback) {
-  std::vector<int64_t> values = attrs.is_none(name) ? fallback : attrs.get_ints(name, fallback);
-  if (values.empty()) values = fallback;
-  if (values.size() == 1) values.push_back(values[0]);
-  if (values.size() != 2) return std::nullopt;
-  return std::array<int64_t, 2>{values[0], values[1]};
-}
-
 std::optional<Launch> avg_pool_op(const OpContext& ctx) {
   if (ctx.inputs.size() != 1 || ctx.outputs.size() != 1) return std::nullopt;
   const DeviceValue& x = ctx.inputs[0];
@@ -175,16 +167,13 @@ std::optional<Launch> avg_pool_op(const OpContext& ctx) {
       !nvrtc::available(nullptr))
     return std::nullopt;
   const Attrs& attrs = ctx.node.attrs;
-  const auto kernel = spatial(attrs, "kernel_size", {});
-  if (!kernel) return std::nullopt;
-  const auto stride = spatial(attrs, "stride", {(*kernel)[0], (*kernel)[1]});
-  const auto pad = spatial(attrs, "padding", {0});
-  if (!stride || !pad) return std::nullopt;
+  const std::optional<ops::PoolWindow> window = ops::pool_window(attrs, false);
+  if (!window) return std::nullopt;
   const size_t r = xs.size();
   const std::array<int64_t, 2> in{xs[r - 2], xs[r - 1]}, out{ys[r - 2], ys[r - 1]};
   const int64_t divisor_override = attrs.is_none("divisor_override") ? 0 : attrs.get_int("divisor_override");
   return launch_of(ctx,
-                   avg_pool_source(x.elem, y.elem, y.numel(), in, out, *kernel, *stride, *pad,
+                   avg_pool_source(x.elem, y.elem, y.numel(), in, out, window->kernel, window->stride, window->pad,
                                    attrs.get_bool("count_include_pad", true), divisor_override),
                    (y.numel() + kThreads - 1) / kThreads, y, x);
 }

@@ -1,9 +1,9 @@
-#include "backends/cpu/pool_window.h"
+#include "ops/pool_window.h"
 
 #include <string>
 #include <vector>
 
-namespace npusim::cpu {
+namespace npusim::ops {
 namespace {
 
 std::optional<std::array<int64_t, 2>> pair_attr(const Attrs& attrs, const std::string& name,
@@ -29,4 +29,4 @@ std::optional<PoolWindow> pool_window(const Attrs& attrs, bool with_dilation) {
   return window;
 }
 
-}  // namespace npusim::cpu
+}  // namespace npusim::ops
