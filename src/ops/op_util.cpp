@@ -102,6 +102,10 @@ void write_element(Tensor& t, int64_t i, double value) {
   }
 }
 
+bool is_matrix_product(const std::string& op) {
+  return op == "linear" || op == "matmul" || op == "mm" || op == "bmm" || op == "addmm" || op == "baddbmm";
+}
+
 // Which dims of a rank-`rank` tensor are reduced: the `dim` list, where null or [] means every dim.
 std::vector<bool> reduced_dims(const Attrs& attrs, int64_t rank) {
   const std::vector<int64_t> dims = attrs.get_ints("dim", {});

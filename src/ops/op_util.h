@@ -16,6 +16,8 @@ namespace npusim::ops {
 int64_t normalize_dim(int64_t dim, int64_t rank, const char* what = "dim");
 // Which dims of a rank-`rank` tensor a reduction's `dim` list names, where null or [] means every dim.
 std::vector<bool> reduced_dims(const Attrs& attrs, int64_t rank);
+// Whether `op` multiplies matrices (linear, matmul, mm, bmm, addmm, baddbmm).
+bool is_matrix_product(const std::string& op);
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 // PyTorch-style promotion for two tensor operands (bool < integers < floats; wider wins).
 DType promote_types(DType a, DType b);

@@ -6,6 +6,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "ops/op_util.h"
+
 namespace npusim {
 
 namespace {
@@ -28,10 +30,6 @@ std::string partition_name(size_t index) {
   return text;
 }
 
-bool is_matrix_product(const std::string& op) {
-  return op == "linear" || op == "matmul" || op == "mm" || op == "bmm" || op == "addmm" || op == "baddbmm";
-}
-
 }  // namespace
 
 int64_t kernel_bytes(const Graph& graph, const Node& node, const compiler::MemoryPlan& plan, DType compute_dtype) {
@@ -50,7 +48,7 @@ double kernel_flops(const Graph& graph, const Node& node) {
   const Shape& out = graph.value(node.outputs[0]).meta.shape;
   const double out_elements = static_cast<double>(shape_numel(out));
   auto input_shape = [&](size_t i) -> const Shape& { return graph.value(node.inputs.at(i)).meta.shape; };
-  if (is_matrix_product(node.op)) {
+  if (ops::is_matrix_product(node.op)) {
     // The reduced dimension is the last of the left operand (input 1 for addmm/baddbmm, after the bias).
     const size_t left = node.op == "addmm" || node.op == "baddbmm" ? 1 : 0;
     if (node.inputs.size() <= left || input_shape(left).empty()) return 0.0;

@@ -4,11 +4,12 @@
 #include <optional>
 
 #include "backends/cuda/cuda_util.h"
+#include "ops/op_util.h"
 
 namespace npusim::cuda {
 namespace {
 
-// The linear (or matmul) node that computes an attention's query, through at most a few ops between (view,
+// The matrix product (a linear, usually) that computes an attention's query, through at most a few ops between (view,
 // transpose, rope); nothing when there is none.
 std::optional<size_t> query_projection(const Graph& graph, const Node& attention) {
   constexpr int kMostSteps = 8;
@@ -17,8 +18,7 @@ std::optional<size_t> query_projection(const Graph& graph, const Node& attention
     const int producer = graph.value(id).producer;
     if (producer < 0) return std::nullopt;
     const Node& node = graph.nodes[static_cast<size_t>(producer)];
-    if (node.op == "linear" || node.op == "matmul" || node.op == "mm" || node.op == "addmm")
-      return static_cast<size_t>(producer);
+    if (ops::is_matrix_product(node.op)) return static_cast<size_t>(producer);
     if (node.inputs.empty()) return std::nullopt;
     id = node.inputs[0];
   }
