@@ -104,7 +104,7 @@ class CpuPreparedProgram final : public PreparedProgram {
            " values, the graph has " + std::to_string(graph_.values.size()));
     elems_ = value_storage_elems(graph_, floats_);
     bind_weights(weights);
-    state_ = resolve_state(state, share_state_with);
+    state_.add(resolve_state(state, share_state_with));
     place_values();
     build_kernels();
     check_state_in_place();
@@ -144,7 +144,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     }
     NamedTensors outputs;
     for (ValueId id : graph_.outputs) {
-      if (state_of_output(id)) continue;
+      if (state_.of_output(id)) continue;
       const Buffer out = buffer(id);
       outputs.emplace_back(graph_.value(id).name, storage_to_tensor(out.data, out.elem, out.meta.shape));
     }
@@ -291,7 +291,7 @@ class CpuPreparedProgram final : public PreparedProgram {
         continue;
       }
       if (!live[i]) continue;
-      if (const StateSlot* slot = state_of_value(id)) {
+      if (const StateSlot* slot = state_.of_value(id)) {
         addresses_[i] = slot->memory->data();
         continue;
       }
@@ -424,8 +424,8 @@ class CpuPreparedProgram final : public PreparedProgram {
         release_owned(addresses_[static_cast<size_t>(id)]);
         addresses_[static_cast<size_t>(id)] = slot.memory->data();
       }
-      state_.push_back(std::move(slot));
     }
+    state_.add(std::move(slots));
     const auto start = std::chrono::steady_clock::now();
     kernels_.clear();
     timings_.clear();
@@ -439,7 +439,7 @@ class CpuPreparedProgram final : public PreparedProgram {
   }
 
   void write_state(const std::string& input, const Tensor& value) override {
-    const StateSlot* slot = state_of_input(input);
+    const StateSlot* slot = state_.of_input(input);
     if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
     const Value& meta = graph_.value(slot->input);
     if (value.shape() != meta.meta.shape || reference_dtype(value.dtype()) != reference_dtype(meta.meta.dtype))
@@ -450,65 +450,32 @@ class CpuPreparedProgram final : public PreparedProgram {
   }
 
   Tensor read_state(const std::string& input) const override {
-    const StateSlot* slot = state_of_input(input);
+    const StateSlot* slot = state_.of_input(input);
     if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
     return storage_to_tensor(slot->memory->data(), elem_of(slot->input), graph_.value(slot->input).meta.shape);
   }
 
  private:
-  struct StateSlot {
-    std::string input_name;
-    ValueId input = kNoValue, output = kNoValue;
-    std::shared_ptr<AlignedBuffer> memory;
-  };
-
-  const StateSlot* state_of_input(const std::string& name) const {
-    for (const StateSlot& slot : state_)
-      if (slot.input_name == name) return &slot;
-    return nullptr;
-  }
-  const StateSlot* state_of_output(ValueId id) const {
-    for (const StateSlot& slot : state_)
-      if (slot.output == id) return &slot;
-    return nullptr;
-  }
+  using StateSlot = npusim::StateSlot<AlignedBuffer>;
 
   // Checks the pairs and gives each its memory: the shared program's for the same input, else a new buffer.
   std::vector<StateSlot> resolve_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
                                        const PreparedProgram* share_with) {
     const auto* other = dynamic_cast<const CpuPreparedProgram*>(share_with);
     if (share_with && !other) fail(graph_.source + ": state can only be shared with a program of the CPU backend");
-    std::vector<StateSlot> slots;
-    for (const StatePair& pair : check_state_pairs(
-             graph_, plan_, input_output_pairs,
-             [this](ValueId input, ValueId output) { return elem_of(input) == elem_of(output); },
-             [this](const std::string&name) { return state_of_input(name) != nullptr; })) {
-      const auto& [input_name, input, output, label] = pair;
-      std::shared_ptr<AlignedBuffer> memory;
-      if (const StateSlot* shared = other ? other->state_of_input(input_name) : nullptr) {
-        if (shared->memory->size() != storage_bytes(input))
-          fail(graph_.source + ": " + label + ": the shared state holds " + std::to_string(shared->memory->size()) +
-               " bytes, this program needs " + std::to_string(storage_bytes(input)));
-        memory = shared->memory;
-      }
-      slots.push_back({input_name, input, output, std::move(memory)});
-    }
-    for (StateSlot& slot : slots)
-      if (!slot.memory) {
-        slot.memory = std::make_shared<AlignedBuffer>(storage_bytes(slot.input));
-        state_bytes_ += slot.memory->size();
-      }
-    return slots;
-  }
-
-  const StateSlot* state_of_value(ValueId id) const {
-    for (const StateSlot& slot : state_)
-      if (slot.input == id || slot.output == id) return &slot;
-    return nullptr;
+    return state_.resolve(
+        graph_, plan_, input_output_pairs, other ? &other->state_ : nullptr,
+        [this](ValueId input, ValueId output) { return elem_of(input) == elem_of(output); },
+        [this](ValueId id) { return storage_bytes(id); },
+        [this](const StateSlot& slot) {
+          auto memory = std::make_shared<AlignedBuffer>(storage_bytes(slot.input));
+          state_bytes_ += memory->size();
+          return memory;
+        });
   }
 
   void check_state_in_place() const {
-    for (const StateSlot& slot : state_)
+    for (const StateSlot& slot : state_.all())
       if (addresses_[static_cast<size_t>(slot.output)] != slot.memory->data())
         fail(graph_.source + ": the kernel of node '" +
              graph_.nodes[static_cast<size_t>(graph_.value(slot.output).producer)].name + "' cannot update state '" +
@@ -529,7 +496,7 @@ class CpuPreparedProgram final : public PreparedProgram {
   void copy_inputs_keeping_state(const std::map<std::string, Tensor>& inputs) {
     for (const auto& [name, tensor] : inputs) find_graph_io(graph_, graph_.inputs, name, "input");
     for (ValueId id : graph_.inputs) {
-      const Tensor* tensor = checked_input(graph_, inputs, id, state_of_input(graph_.value(id).name) != nullptr);
+      const Tensor* tensor = checked_input(graph_, inputs, id, state_.of_input(graph_.value(id).name) != nullptr);
       if (!tensor) continue;
       const Buffer in = buffer(id);
       tensor_to_storage(tensor->to_reference(), in.data, in.elem);
@@ -543,7 +510,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     prepare_cost_.packed_bytes = static_cast<int64_t>(packed_weights_->used_bytes());
   }
 
-  std::vector<StateSlot> state_;
+  StateSlots<AlignedBuffer> state_;
   size_t state_bytes_ = 0;  // state memory this program allocated (not counting memory shared from another)
 
   Graph graph_;

@@ -117,7 +117,7 @@ class CudaPreparedProgram final : public PreparedProgram {
                       graph_.source + ": creating a stream");
     elems_ = cpu::value_storage_elems(graph_, floats_);
     upload_weights(weights);
-    state_ = resolve_state(state, share_state_with);
+    state_.add(resolve_state(state, share_state_with));
     place_values();
     build_kernels();
     allocate_staging();
@@ -179,8 +179,7 @@ class CudaPreparedProgram final : public PreparedProgram {
 
   void bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
                   const PreparedProgram* share_with) override {
-    std::vector<StateSlot> slots = resolve_state(input_output_pairs, share_with);
-    for (StateSlot& slot : slots) state_.push_back(std::move(slot));
+    state_.add(resolve_state(input_output_pairs, share_with));
     release_graph();
     place_values();
     build_kernels();
@@ -188,7 +187,7 @@ class CudaPreparedProgram final : public PreparedProgram {
   }
 
   void write_state(const std::string& input, const Tensor& value) override {
-    const StateSlot* slot = state_of_input(input);
+    const StateSlot* slot = state_.of_input(input);
     if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
     const Value& meta = graph_.value(slot->input);
     if (value.shape() != meta.meta.shape || reference_dtype(value.dtype()) != reference_dtype(meta.meta.dtype))
@@ -202,7 +201,7 @@ class CudaPreparedProgram final : public PreparedProgram {
   }
 
   Tensor read_state(const std::string& input) const override {
-    const StateSlot* slot = state_of_input(input);
+    const StateSlot* slot = state_.of_input(input);
     if (!slot) fail(graph_.source + ": no state is kept for input '" + input + "'");
     const std::vector<std::byte> bytes = download(slot->memory->data(), slot->memory->size(), stream_,
                                                   graph_.source + ": reading state '" + input + "'");
@@ -210,11 +209,7 @@ class CudaPreparedProgram final : public PreparedProgram {
   }
 
  private:
-  struct StateSlot {
-    std::string input_name;
-    ValueId input = kNoValue, output = kNoValue;
-    std::shared_ptr<DeviceBuffer> memory;
-  };
+  using StateSlot = npusim::StateSlot<DeviceBuffer>;
 
   // ---- element types and weights ----
 
@@ -271,7 +266,7 @@ class CudaPreparedProgram final : public PreparedProgram {
         addresses_[i] = weight_addresses_[i];
         continue;
       }
-      if (!live[i] || state_of_value(id)) continue;
+      if (!live[i] || state_.of_value(id)) continue;
       if (value.producer >= 0) {
         const Node& producer = graph_.nodes[static_cast<size_t>(value.producer)];
         if (output_aliases_input(producer, graph_) && valid_view(id, producer.inputs[0])) {
@@ -285,7 +280,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     arena_ = DeviceBuffer(arena_bytes, graph_.source + ": the activation arena");
     for (size_t i = 0; i < graph_.values.size(); ++i)
       if (offsets[i] >= 0) addresses_[i] = arena_.data() + offsets[i];
-    for (const StateSlot& slot : state_)
+    for (const StateSlot& slot : state_.all())
       for (ValueId id : {slot.input, slot.output}) addresses_[static_cast<size_t>(id)] = slot.memory->data();
     for (size_t i = 0; i < graph_.values.size(); ++i)
       if (view_of_[i] != kNoValue && !addresses_[static_cast<size_t>(root_of(static_cast<ValueId>(i)))])
@@ -294,7 +289,7 @@ class CudaPreparedProgram final : public PreparedProgram {
 
   bool valid_view(ValueId id, ValueId root) const {
     if (root < 0 || static_cast<size_t>(root) >= graph_.values.size() || root == id) return false;
-    if (state_of_value(id)) return false;
+    if (state_.of_value(id)) return false;
     return storage_bytes(root) == storage_bytes(id) && elem_of(root) == elem_of(id);
   }
 
@@ -319,7 +314,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     flags_ = DeviceBuffer(std::max<size_t>(graph_.nodes.size(), 1) * sizeof(int), graph_.source + ": error flags");
     scratch_ = std::make_shared<SharedScratch>();
     const FusionSite site{graph_, [this](ValueId id) { return value_at(id); },
-                          [this](ValueId id) { return state_of_value(id) != nullptr; },
+                          [this](ValueId id) { return state_.of_value(id) != nullptr; },
                           [this](ValueId id) { return view_of_[static_cast<size_t>(id)] != kNoValue; },
                           [this](size_t n) { return context_of(n); }};
     FusionPlan fusion = options_.fuse_kernels && fusion_enabled_by_environment()
@@ -342,7 +337,7 @@ class CudaPreparedProgram final : public PreparedProgram {
       kernel_nodes.push_back(static_cast<size_t>(kernel.node - graph_.nodes.data()));
     side_launches_ = plan_cache_prefetches(graph_, kernel_nodes, [this](size_t n) { return context_of(n); });
     if (!side_launches_.empty() && !side_stream_) side_stream_ = std::make_unique<SideStream>(graph_.source);
-    for (const StateSlot& slot : state_)
+    for (const StateSlot& slot : state_.all())
       if (addresses_[static_cast<size_t>(root_of(slot.output))] != slot.memory->data())
         fail(graph_.source + ": state '" + slot.input_name + "' is not updated in place");
   }
@@ -360,7 +355,7 @@ class CudaPreparedProgram final : public PreparedProgram {
 
   // Whether `id` holds its values before the run's first kernel: produced by no node and not a state (states are
   // updated in place during the run).
-  bool ready_at_start(ValueId id) const { return graph_.value(id).producer < 0 && !state_of_value(id); }
+  bool ready_at_start(ValueId id) const { return graph_.value(id).producer < 0 && !state_.of_value(id); }
 
   // The op's CUDA kernel, or the host fallback. A factory that rejects the node's attributes leaves the verdict
   // to the reference, which reports it with the node's name when the node runs.
@@ -521,10 +516,10 @@ class CudaPreparedProgram final : public PreparedProgram {
     input_staging_.clear();
     output_staging_.clear();
     for (ValueId id : graph_.inputs)
-      input_staging_.emplace_back(state_of_input(graph_.value(id).name) ? 0 : value_at(id).bytes(),
+      input_staging_.emplace_back(state_.of_input(graph_.value(id).name) ? 0 : value_at(id).bytes(),
                                   graph_.source + ": input '" + graph_.value(id).name + "'");
     for (ValueId id : graph_.outputs)
-      output_staging_.emplace_back(state_of_output(id) ? 0 : value_at(id).bytes(),
+      output_staging_.emplace_back(state_.of_output(id) ? 0 : value_at(id).bytes(),
                                    graph_.source + ": output '" + graph_.value(id).name + "'");
     flag_staging_ = PinnedBuffer(flags_.size(), graph_.source + ": error flags");
   }
@@ -535,7 +530,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     for (const auto& [name, tensor] : inputs) find_graph_io(graph_, graph_.inputs, name, "input");
     for (size_t input = 0; input < graph_.inputs.size(); ++input) {
       const ValueId id = graph_.inputs[input];
-      const Tensor* tensor = checked_input(graph_, inputs, id, state_of_input(graph_.value(id).name) != nullptr);
+      const Tensor* tensor = checked_input(graph_, inputs, id, state_.of_input(graph_.value(id).name) != nullptr);
       const PinnedBuffer& staged = input_staging_[input];
       if (!tensor || staged.size() == 0) continue;
       // The previous run's copy out of the staging buffer has finished: finish_outputs synchronized the stream.
@@ -573,7 +568,7 @@ class CudaPreparedProgram final : public PreparedProgram {
     NamedTensors outputs;
     for (size_t output = 0; output < graph_.outputs.size(); ++output) {
       const ValueId id = graph_.outputs[output];
-      if (state_of_output(id)) continue;
+      if (state_.of_output(id)) continue;
       outputs.emplace_back(graph_.value(id).name, cpu::storage_to_tensor(output_staging_[output].data(), elem_of(id),
                                                                          graph_.value(id).meta.shape));
     }
@@ -582,49 +577,22 @@ class CudaPreparedProgram final : public PreparedProgram {
 
   // ---- state ----
 
-  const StateSlot* state_of_input(const std::string& name) const {
-    for (const StateSlot& slot : state_)
-      if (slot.input_name == name) return &slot;
-    return nullptr;
-  }
-  const StateSlot* state_of_output(ValueId id) const {
-    for (const StateSlot& slot : state_)
-      if (slot.output == id) return &slot;
-    return nullptr;
-  }
-  const StateSlot* state_of_value(ValueId id) const {
-    for (const StateSlot& slot : state_)
-      if (slot.input == id || slot.output == id) return &slot;
-    return nullptr;
-  }
-
+  // Checks the pairs and gives each its memory: the shared program's for the same input, else a new cleared buffer.
   std::vector<StateSlot> resolve_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
                                        const PreparedProgram* share_with) {
     const auto* other = dynamic_cast<const CudaPreparedProgram*>(share_with);
     if (share_with && !other) fail(graph_.source + ": state can only be shared with a program of the CUDA backend");
-    std::vector<StateSlot> slots;
-    for (const StatePair& pair : check_state_pairs(
-             graph_, plan_, input_output_pairs,
-             [this](ValueId input, ValueId output) { return elem_of(input) == elem_of(output); },
-             [this](const std::string&name) { return state_of_input(name) != nullptr; })) {
-      const auto& [input_name, input, output, label] = pair;
-      std::shared_ptr<DeviceBuffer> memory;
-      if (const StateSlot* shared = other ? other->state_of_input(input_name) : nullptr) {
-        if (shared->memory->size() != storage_bytes(input))
-          fail(graph_.source + ": " + label + ": the shared state holds " + std::to_string(shared->memory->size()) +
-               " bytes, this program needs " + std::to_string(storage_bytes(input)));
-        memory = shared->memory;
-      }
-      slots.push_back({input_name, input, output, std::move(memory)});
-    }
-    for (StateSlot& slot : slots)
-      if (!slot.memory) {
-        slot.memory = std::make_shared<DeviceBuffer>(storage_bytes(slot.input),
-                                                     graph_.source + ": state '" + slot.input_name + "'");
-        NPUSIM_CUDA_CHECK(cudaMemset(slot.memory->data(), 0, slot.memory->size()), graph_.source + ": clearing state");
-        state_bytes_ += slot.memory->size();
-      }
-    return slots;
+    return state_.resolve(
+        graph_, plan_, input_output_pairs, other ? &other->state_ : nullptr,
+        [this](ValueId input, ValueId output) { return elem_of(input) == elem_of(output); },
+        [this](ValueId id) { return storage_bytes(id); },
+        [this](const StateSlot& slot) {
+          auto memory = std::make_shared<DeviceBuffer>(storage_bytes(slot.input),
+                                                       graph_.source + ": state '" + slot.input_name + "'");
+          NPUSIM_CUDA_CHECK(cudaMemset(memory->data(), 0, memory->size()), graph_.source + ": clearing state");
+          state_bytes_ += memory->size();
+          return memory;
+        });
   }
 
   Graph graph_;
@@ -638,7 +606,7 @@ class CudaPreparedProgram final : public PreparedProgram {
   std::vector<PinnedBuffer> input_staging_;   // by index in graph_.inputs; empty for state
   std::vector<PinnedBuffer> output_staging_;  // by index in graph_.outputs; empty for state
   PinnedBuffer flag_staging_;
-  std::vector<StateSlot> state_;
+  StateSlots<DeviceBuffer> state_;
   size_t state_bytes_ = 0;
   std::vector<Elem> elems_;                   // by ValueId: how each value is stored
   std::vector<std::byte*> weight_addresses_;  // by ValueId
