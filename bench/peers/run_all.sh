@@ -4,7 +4,9 @@
 #
 #   bench/peers/run_all.sh [--quick] [--rounds N] [--skip-resnet] [--skip-llm]
 #
-#   ResNet-18/50 (seeded torchvision weights): npusim bench, ONNX Runtime (onnxruntime-node), PyTorch 1.13 eager
+#   ResNet-18/50 and MobileNetV2 (seeded torchvision weights): npusim bench, ONNX Runtime (onnxruntime-node), PyTorch
+#   1.13 eager. The ResNets run the torch_ir fixtures (tests/data/fixtures/ir/); other models the IR that
+#   export_torchvision.py writes from a torch.fx trace.
 #   Qwen2.5-1.5B-shaped LLM (random bf16 weights): npusim bench --model, llama.cpp llama-bench (bf16, f16, Q8_0)
 #
 # --quick: fewer iterations, ResNet-18 only, prompt 32 / decode 8 instead of 128 / 32, one round.
@@ -44,7 +46,7 @@ done
 if ((quick)); then
   iters=5 warmup=1 resnet_models="resnet18" prompt=32 gen=8 llm_reps=1 rounds="${rounds:-1}"
 else
-  iters=20 warmup=3 resnet_models="resnet18 resnet50" prompt=128 gen=32 llm_reps=2 rounds="${rounds:-2}"
+  iters=20 warmup=3 resnet_models="resnet18 resnet50 mobilenet_v2" prompt=128 gen=32 llm_reps=2 rounds="${rounds:-2}"
 fi
 threads_csv="$(echo $threads_list | tr ' ' ',')"
 
@@ -84,8 +86,14 @@ ensure_ort() {
 }
 
 ensure_resnet() {
-  [[ -f "$PEERS_DIR/models/$1.onnx" && -f "$PEERS_DIR/models/$1.safetensors" ]] && return
-  "$torch_python" "$peers_script_dir/export_resnet.py" --arch "$1" --out "$PEERS_DIR/models"
+  [[ -f "$PEERS_DIR/models/$1.onnx" && -f "$PEERS_DIR/models/$1_ir.json" ]] && return
+  "$torch_python" "$peers_script_dir/export_torchvision.py" --arch "$1" --out "$PEERS_DIR/models"
+}
+
+# The graph npusim runs for MODEL: torch_ir's fixture where there is one, else the exported IR.
+graph_of() {
+  local fixture="$repo_root/tests/data/fixtures/ir/$1_ir.json"
+  if [[ -f "$fixture" ]]; then echo "$fixture"; else echo "$PEERS_DIR/models/$1_ir.json"; fi
 }
 
 ensure_llm() {
@@ -110,7 +118,7 @@ if ((run_resnet)); then
   for model in $resnet_models; do
     ensure_resnet "$model"
     # Same model everywhere: npusim's logits against PyTorch's before anything is timed.
-    "$npusim" run "$repo_root/tests/data/fixtures/ir/${model}_ir.json" --weights "$PEERS_DIR/models/$model.safetensors" \
+    "$npusim" run "$(graph_of "$model")" --weights "$PEERS_DIR/models/$model.safetensors" \
       --inputs "$PEERS_DIR/models/${model}_inputs.safetensors" --outputs "$results/$model.npusim_logits.safetensors" > /dev/null
     "$npusim" verify "$results/$model.npusim_logits.safetensors" "$PEERS_DIR/models/${model}_logits.safetensors" |
       tail -n 1 > "$results/$model.verify.txt"
@@ -123,7 +131,7 @@ for ((round = 1; round <= rounds; ++round)); do
     for model in $resnet_models; do
       weights="$PEERS_DIR/models/$model.safetensors" inputs="$PEERS_DIR/models/${model}_inputs.safetensors"
       for t in $threads_list; do
-        record "$model.npusim.jsonl" "$model" "$npusim" bench "$repo_root/tests/data/fixtures/ir/${model}_ir.json" \
+        record "$model.npusim.jsonl" "$model" "$npusim" bench "$(graph_of "$model")" \
           --weights "$weights" --inputs "$inputs" --threads "$t" --iters "$iters" --warmup "$warmup" --json
       done
       record "$model.onnxruntime.jsonl" "$model" node "$peers_script_dir/bench_ort.mjs" "$PEERS_DIR/models/$model.onnx" \

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Writes a ResNet test case: seeded random weights, a synthetic image and PyTorch's logits.
+"""Writes a torchvision test case (ResNet, MobileNetV2): seeded random weights, a synthetic image and PyTorch's logits.
 
     make_resnet_case.py --arch resnet18 --seed 7 --out DIR --output-name linear [--weight-dtype bfloat16] [--batch 1]
+                        [--ir FILE]
 
 DIR/weights.safetensors    the torchvision state_dict (float tensors in --weight-dtype, num_batches_tracked int64)
 DIR/inputs.safetensors     x: [batch, 3, 224, 224] float32
 DIR/reference.safetensors  NAME: [batch, 1000] float32 logits of model.eval() in fp32 with the stored weights
+FILE (--ir)                the model in torch_ir's IR format, written from a torch.fx trace (fx_to_ir.py), for
+                           models without a fixture
 
 Every BatchNorm gets statistics from a calibration batch, then seeded perturbations of its running mean and
 variance and a non-trivial affine weight and bias, so a wrong BatchNorm fold (for example a lost bias on a
@@ -110,14 +113,23 @@ def round_to(model, dtype):
                 tensor.copy_(tensor.to(dtype).to(torch.float32))
 
 
+def classifier_of(model):
+    """The last linear layer: (its parent module, its attribute name)."""
+    if isinstance(getattr(model, "fc", None), torch.nn.Linear):
+        return model, "fc"
+    return model.classifier, str(len(model.classifier) - 1)
+
+
 def pooled_features(model, image):
-    """The classifier's input: the forward pass with fc replaced by the identity."""
-    classifier, model.fc = model.fc, torch.nn.Identity()
+    """The classifier's input: the forward pass with the last linear layer replaced by the identity."""
+    parent, name = classifier_of(model)
+    classifier = getattr(parent, name)
+    setattr(parent, name, torch.nn.Identity())
     try:
         with torch.no_grad():
             return model(image)
     finally:
-        model.fc = classifier
+        setattr(parent, name, classifier)
 
 
 def spread_logits(fc, features):
@@ -138,12 +150,13 @@ def spread_logits(fc, features):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", choices=["resnet18", "resnet50"], required=True)
+    parser.add_argument("--arch", choices=["resnet18", "resnet50", "mobilenet_v2"], required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--output-name", required=True)
     parser.add_argument("--weight-dtype", choices=sorted(DTYPES), default="float32")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--ir")
     args = parser.parse_args()
     if args.batch < 1:
         parser.error("--batch must be at least 1")
@@ -156,10 +169,17 @@ def main():
     round_to(model, DTYPES[args.weight_dtype])
     # Only the classifier changes from here on, so one pass through the convolutions is enough.
     features = pooled_features(model, image)
-    spread_logits(model.fc, features)
+    classifier = getattr(*classifier_of(model))
+    spread_logits(classifier, features)
     round_to(model, DTYPES[args.weight_dtype])
     with torch.no_grad():
-        logits = model.fc(features).contiguous()
+        logits = classifier(features).contiguous()
+    if args.ir:
+        from fx_to_ir import model_ir
+
+        os.makedirs(os.path.dirname(os.path.abspath(args.ir)), exist_ok=True)
+        with open(args.ir, "w") as f:
+            json.dump(model_ir(model, image, args.arch), f)
 
     os.makedirs(args.out, exist_ok=True)
     weight_dtype = DTYPES[args.weight_dtype]

@@ -5,15 +5,19 @@
 // convolutions (one input channel per group) have their own direct kernel instead of one tiny GEMM per channel.
 #include <array>
 #include <cmath>
+#include <limits>
 #include <memory>
 
 #include "backends/cpu/conv_winograd.h"
+#include "backends/cpu/depthwise_conv.h"
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/packed_gemm.h"
 
 namespace npusim::cpu {
 
 namespace {
+
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
 struct ConvGeometry {
   int64_t batch = 1, in_channels = 0, out_channels = 0, groups = 1;
@@ -84,8 +88,6 @@ std::optional<ConvGeometry> conv_geometry(const Attrs& attrs, const Shape& x, co
   return g;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Whether input `index` keeps its contents for the life of the prepared program (a weight): packed once.
 bool fixed_input(const KernelContext& ctx, size_t index) {
   return index < ctx.constant_inputs.size() && ctx.constant_inputs[index];
@@ -100,7 +102,8 @@ struct ConvPlan {
   float low = 0.0f, high = 0.0f;
   std::vector<PackedMatrix> packed;  // per group, when the weight is constant
   PackedGemm gemm;
-  std::optional<WinogradConv> winograd;  // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
+  std::optional<WinogradConv> winograd;     // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
+  std::optional<DepthwisePlane> depthwise;  // for depthwise convolutions (one input channel per group)
   // Offsets (in floats) into the shared scratch; -1 when not needed.
   int64_t x_scratch = -1, bias_scratch = -1, c_scratch = -1, winograd_scratch = -1;
   int64_t phases_scratch = -1;  // the input split by stride phases, when that packs the patches faster
@@ -200,38 +203,27 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
 
 // ---- depthwise: every output channel reads one input channel ----
 
-// One output channel's plane, accumulated row by row over the kernel taps in fp32.
-void depthwise_plane(const ConvPlan& p, const float* in, const float* w, float bias, float* out) {
-  const ConvGeometry& g = p.g;
-  const int64_t height = g.in[0], width = g.in[1], out_h = g.out[0], out_w = g.out[1], sx = g.stride[1];
-  for (int64_t oy = 0; oy < out_h; ++oy) {
-    float* row = out + oy * out_w;
-    std::fill(row, row + out_w, bias);
-    for (int64_t ky = 0; ky < g.kernel[0]; ++ky) {
-      const int64_t iy = oy * g.stride[0] - g.pad[0] + ky * g.dilation[0];
-      if (iy < 0 || iy >= height) continue;
-      const float* src = in + iy * width;
-      for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
-        const float weight = w[ky * g.kernel[1] + kx];
-        const int64_t shift = kx * g.dilation[1] - g.pad[1];
-        // Output columns whose input column ox * sx + shift lies inside [0, width).
-        const int64_t begin = std::min(out_w, shift >= 0 ? 0 : ceil_div(-shift, sx));
-        const int64_t end = std::clamp(shift < width ? (width - 1 - shift) / sx + 1 : 0, begin, out_w);
-        if (sx == 1) {
-          const float* s = src + shift;
-          for (int64_t ox = begin; ox < end; ++ox) row[ox] += weight * s[ox];
-        } else {
-          for (int64_t ox = begin; ox < end; ++ox) row[ox] += weight * src[ox * sx + shift];
-        }
-      }
-    }
-  }
-}
+// Per worker: the output plane, the input plane converted to fp32 (or a residual plane), the padded input.
+struct DepthwiseScratch {
+  int64_t sums = 0, converted = 0, padded = 0;
+
+  DepthwiseScratch(const ConvGeometry& g, const DepthwisePlane& plane)
+      : sums((g.pixels() + 15) / 16 * 16),
+        converted((std::max(g.in_plane(), g.pixels()) + 15) / 16 * 16),
+        padded(plane.scratch_floats()) {}
+  int64_t floats() const { return sums + converted + padded; }
+};
 
 void run_depthwise(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
   const ConvGeometry& g = p.g;
   const int64_t pixels = g.pixels(), plane = g.in_plane(), taps = g.kernel[0] * g.kernel[1];
   const int64_t multiplier = g.group_out();
+  const DepthwiseScratch layout(g, *p.depthwise);
+  // ReLU and clamps go with the sums into the plane, unless a residual must be added before them.
+  const bool clamp_in_plane = !p.residual && p.gemm_activation != GemmActivation::None;
+  const float low = !clamp_in_plane ? -kInfinity : p.gemm_activation == GemmActivation::Relu ? 0.0f : p.low;
+  const float high = clamp_in_plane && p.gemm_activation == GemmActivation::Clamp ? p.high : kInfinity;
+  const bool straight_to_output = !p.residual && !p.activation && p.out.elem == Elem::F32;
   const float* weights = scratch.shared_as<float>();  // converted once per run below when not fp32
   if (p.weight.elem == Elem::F32) {
     weights = p.weight.as<const float>();
@@ -240,23 +232,29 @@ void run_depthwise(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
   }
   pool.parallel_for(g.batch * g.out_channels, 1, [&](int64_t begin, int64_t end, int worker) {
     float* sums = scratch.worker_as<float>(worker);
-    float* converted = sums + (pixels + 15) / 16 * 16;
+    float* converted = sums + layout.sums;
+    float* padded = converted + layout.converted;
+    p.depthwise->clear(padded);
     for (int64_t index = begin; index < end; ++index) {
       const int64_t n = index / g.out_channels, o = index % g.out_channels, c = o / multiplier;
       const int64_t in_at = (n * g.in_channels + c) * plane, out_at = index * pixels;
       const float* in =
           float_data(p.x.data + static_cast<size_t>(in_at) * elem_size(p.x.elem), p.x.elem, plane, converted);
       const float bias = p.bias ? load_float(p.bias->data, p.bias->elem, o) : 0.0f;
-      depthwise_plane(p, in, weights + o * taps, bias, sums);
+      if (straight_to_output) {
+        p.depthwise->run(in, weights + o * taps, bias, low, high, padded, p.out.as<float>() + out_at);
+        continue;
+      }
+      p.depthwise->run(in, weights + o * taps, bias, low, high, padded, sums);
       if (p.residual) {
         const Buffer& r = *p.residual;
         const float* add =
             float_data(r.data + static_cast<size_t>(out_at) * elem_size(r.elem), r.elem, pixels, converted);
         for (int64_t j = 0; j < pixels; ++j) sums[j] += add[j];
       }
-      if (p.gemm_activation == GemmActivation::Relu)
+      if (p.gemm_activation == GemmActivation::Relu && !clamp_in_plane)
         apply_unary({UnaryKind::Relu}, sums, sums, pixels);
-      else if (p.gemm_activation == GemmActivation::Clamp)
+      else if (p.gemm_activation == GemmActivation::Clamp && !clamp_in_plane)
         apply_unary({UnaryKind::Clamp, p.low, p.high}, sums, sums, pixels);
       if (p.activation) apply_unary(*p.activation, sums, sums, pixels);
       store_floats(sums, p.out.data + static_cast<size_t>(out_at) * elem_size(p.out.elem), p.out.elem, pixels);
@@ -305,8 +303,13 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
   if (p.g.depthwise()) {
     if (p.weight.elem != Elem::F32) reserve(p.weight.numel());
     ctx.scratch.reserve_shared(floats_bytes(floats));
-    ctx.scratch.reserve_per_worker(
-        floats_bytes((p.g.pixels() + 15) / 16 * 16 + std::max(p.g.in_plane(), p.g.pixels())));
+    p.depthwise.emplace(DepthwiseGeometry{.in = p.g.in,
+                                          .kernel = p.g.kernel,
+                                          .stride = p.g.stride,
+                                          .dilation = p.g.dilation,
+                                          .pad = p.g.pad,
+                                          .out = p.g.out});
+    ctx.scratch.reserve_per_worker(floats_bytes(DepthwiseScratch(p.g, *p.depthwise).floats()));
     kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_depthwise(*plan, *pool, *scratch); };
     return kernel;
   }

@@ -1,0 +1,174 @@
+#include "backends/cpu/depthwise_conv.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define NPUSIM_DEPTHWISE_X86 1
+#endif
+
+#include <algorithm>
+
+#include "core/cpu_features.h"
+
+namespace npusim::cpu {
+
+namespace {
+
+constexpr int64_t kLanes = 8;  // one AVX2 vector of floats
+
+int64_t round_up(int64_t value, int64_t step) { return (value + step - 1) / step * step; }
+
+// As _mm256_max_ps(low, x) and _mm256_min_ps(high, x) take it: a NaN x stays NaN.
+float clamp_keeping_nan(float x, float low, float high) {
+  x = low > x ? low : x;
+  return high < x ? high : x;
+}
+
+#ifdef NPUSIM_DEPTHWISE_X86
+// The mask of the first `lanes` (0 to 8) lanes.
+__attribute__((target("avx2"))) __m256i first_lanes(int64_t lanes) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// dst[i] = src[i] for i < count, and zero up to the next multiple of 8 (a masked load reads nothing past src's end;
+// whole stores are cheaper than masked ones here).
+__attribute__((target("avx2"))) void copy_floats_avx2(const float* src, int64_t count, float* dst) {
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
+  if (i < count) _mm256_storeu_ps(dst + i, _mm256_maskload_ps(src + i, first_lanes(count - i)));
+}
+
+// even[j] = row[2 j], odd[j] = row[2 j + 1] for j < count (a multiple of 8).
+__attribute__((target("avx2"))) void split_pairs_avx2(const float* row, int64_t count, float* even, float* odd) {
+  for (int64_t j = 0; j < count; j += kLanes) {
+    const __m256 a = _mm256_loadu_ps(row + 2 * j), b = _mm256_loadu_ps(row + 2 * j + kLanes);
+    // Within each 128-bit half: the even (odd) values of a's half, then of b's; then the halves put in order.
+    const __m256 evens = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m256 odds = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+    _mm256_storeu_ps(even + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(evens), 0xD8)));
+    _mm256_storeu_ps(odd + j, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(odds), 0xD8)));
+  }
+}
+#else
+void copy_floats_avx2(const float*, int64_t, float*) {}
+void split_pairs_avx2(const float*, int64_t, float*, float*) {}
+#endif
+
+// dst[i] = src[i] for i < count; with avx2, zeros up to the next multiple of 8.
+void copy_floats(const float* src, int64_t count, float* dst, bool avx2) {
+  if (avx2) return copy_floats_avx2(src, count, dst);
+  std::copy(src, src + count, dst);
+}
+
+}  // namespace
+
+DepthwisePlane::DepthwisePlane(const DepthwiseGeometry& g) : g_(g) {
+  rows_ = (g.out[0] - 1) * g.stride[0] + (g.kernel[0] - 1) * g.dilation[0] + 1;
+  row_floats_ = round_up((g.kernel[1] - 1) * g.dilation[1] / g.stride[1] + round_up(g.out[1], kLanes), kLanes);
+  for (int64_t ky = 0; ky < g.kernel[0]; ++ky)
+    for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
+      const int64_t column = kx * g.dilation[1];
+      tap_offsets_.push_back(((column % g.stride[1]) * rows_ + ky * g.dilation[0]) * row_floats_ +
+                             column / g.stride[1]);
+    }
+}
+
+void DepthwisePlane::clear(float* scratch) const { std::fill_n(scratch, scratch_floats(), 0.0f); }
+
+// Phase r, row y, column j holds padded column j * sx + r of padded row y: input (y - pad_h, j * sx + r - pad_w), or
+// zero outside the input. Only the input's places are written (and zeros right after them, which may reach into the
+// next row, written later): the padding stays zero from clear(). A strided plane's row is padded whole first (`row`,
+// sx * row_floats_ floats), then split into its phases.
+void DepthwisePlane::fill_phases(const float* in, float* phases, bool avx2) const {
+  const int64_t sx = g_.stride[1], height = g_.in[0], width = g_.in[1], padded_width = sx * row_floats_;
+  float* row = sx > 1 ? phases + sx * rows_ * row_floats_ : nullptr;
+  // Input rows [first_row, last_row) and columns [0, columns) land in the plane.
+  const int64_t first_row = std::max<int64_t>(0, -g_.pad[0]), last_row = std::min(height, rows_ - g_.pad[0]);
+  const int64_t columns = std::clamp<int64_t>(padded_width - g_.pad[1], 0, width);
+  for (int64_t iy = first_row; iy < last_row; ++iy) {
+    const int64_t y = iy + g_.pad[0];
+    float* dst = (sx > 1 ? row : phases + y * row_floats_) + g_.pad[1];
+    copy_floats(in + iy * width, columns, dst, avx2);
+    if (sx == 1) continue;
+    if (sx == 2 && avx2) {
+      split_pairs_avx2(row, row_floats_, phases + y * row_floats_, phases + (rows_ + y) * row_floats_);
+      continue;
+    }
+    for (int64_t r = 0; r < sx; ++r) {
+      float* phase = phases + (r * rows_ + y) * row_floats_;
+      for (int64_t c = 0; c < row_floats_; ++c) phase[c] = row[c * sx + r];
+    }
+  }
+}
+
+void DepthwisePlane::rows_portable(const float* phases, const float* weights, float bias, float low, float high,
+                                   float* out) const {
+  const int64_t out_h = g_.out[0], out_w = g_.out[1], taps = static_cast<int64_t>(tap_offsets_.size());
+  for (int64_t oy = 0; oy < out_h; ++oy) {
+    float* row = out + oy * out_w;
+    const float* base = phases + oy * g_.stride[0] * row_floats_;
+    std::fill(row, row + out_w, bias);
+    for (int64_t t = 0; t < taps; ++t) {
+      const float w = weights[t];
+      const float* src = base + tap_offsets_[static_cast<size_t>(t)];
+      for (int64_t ox = 0; ox < out_w; ++ox) row[ox] += w * src[ox];
+    }
+    for (int64_t ox = 0; ox < out_w; ++ox) row[ox] = clamp_keeping_nan(row[ox], low, high);
+  }
+}
+
+#ifdef NPUSIM_DEPTHWISE_X86
+// Up to four vectors of one output row at a time, rows in order.
+__attribute__((target("avx2,fma"))) void DepthwisePlane::rows_avx2(const float* phases, const float* weights,
+                                                                   float bias, float low, float high,
+                                                                   float* out) const {
+  constexpr int64_t kVectors = 4;
+  const int64_t out_h = g_.out[0], out_w = g_.out[1], taps = static_cast<int64_t>(tap_offsets_.size());
+  const int64_t* offsets = tap_offsets_.data();
+  const __m256 low_v = _mm256_set1_ps(low), high_v = _mm256_set1_ps(high);
+  for (int64_t oy = 0; oy < out_h; ++oy) {
+    float* row = out + oy * out_w;
+    const float* base = phases + oy * g_.stride[0] * row_floats_;
+    int64_t x0 = 0;
+    for (; x0 + kVectors * kLanes <= out_w; x0 += kVectors * kLanes) {
+      __m256 acc[kVectors];
+      for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_set1_ps(bias);
+      for (int64_t t = 0; t < taps; ++t) {
+        const __m256 w = _mm256_set1_ps(weights[t]);
+        const float* src = base + offsets[t] + x0;
+        for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(src + v * kLanes), acc[v]);
+      }
+      for (int64_t v = 0; v < kVectors; ++v)
+        _mm256_storeu_ps(row + x0 + v * kLanes, _mm256_min_ps(high_v, _mm256_max_ps(low_v, acc[v])));
+    }
+    for (; x0 < out_w; x0 += kLanes) {
+      __m256 acc = _mm256_set1_ps(bias);
+      for (int64_t t = 0; t < taps; ++t)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(weights[t]), _mm256_loadu_ps(base + offsets[t] + x0), acc);
+      acc = _mm256_min_ps(high_v, _mm256_max_ps(low_v, acc));
+      // A whole store may run into the rows after this one (written later), not past the plane.
+      if ((oy * out_w + x0 + kLanes) <= out_h * out_w)
+        _mm256_storeu_ps(row + x0, acc);
+      else
+        _mm256_maskstore_ps(row + x0, first_lanes(out_w - x0), acc);
+    }
+  }
+}
+#else
+void DepthwisePlane::rows_avx2(const float* phases, const float* weights, float bias, float low, float high,
+                               float* out) const {
+  rows_portable(phases, weights, bias, low, high, out);
+}
+#endif
+
+void DepthwisePlane::run(const float* in, const float* weights, float bias, float low, float high, float* scratch,
+                         float* out, bool vectors) const {
+  if (g_.out[0] <= 0 || g_.out[1] <= 0) return;
+  const bool avx2 = vectors && cpu_features().avx2_fma_f16c();
+  fill_phases(in, scratch, avx2);
+  if (avx2)
+    rows_avx2(scratch, weights, bias, low, high, out);
+  else
+    rows_portable(scratch, weights, bias, low, high, out);
+}
+
+}  // namespace npusim::cpu
