@@ -123,6 +123,11 @@ class Writer:
         if target is torch.nn.functional.adaptive_avg_pool2d:
             return self.emit(node, "adaptive_avg_pool2d", "aten.adaptive_avg_pool2d.default",
                              [self.value(node.args[0])], {"output_size": pair(node.args[1])})
+        if getattr(target, "__name__", "") == "stochastic_depth":  # torchvision.ops: the identity in eval mode
+            if node.args[3] if len(node.args) > 3 else node.kwargs.get("training", True):
+                raise SystemExit(f"fx_to_ir: node '{node.name}': stochastic depth in training mode")
+            self.names[node] = self.names[node.args[0]]
+            return None
         if target is torch.nn.functional.relu:
             return self.emit(node, "relu", "aten.relu.default", [self.value(node.args[0])], {})
         raise SystemExit(f"fx_to_ir: node '{node.name}': function {target} is not written")

@@ -1,0 +1,137 @@
+#include "backends/cpu/vector_math.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define NPUSIM_VECTOR_MATH_X86 1
+#endif
+
+#include "core/cpu_features.h"
+
+namespace npusim::cpu {
+
+#ifdef NPUSIM_VECTOR_MATH_X86
+namespace {
+
+#define NPUSIM_AVX2_FMA __attribute__((target("avx2,fma")))
+
+// e^x for 8 lanes. x is clamped to [-104, ln(FLT_MAX)] (a NaN stays NaN through the bound-first min/max), n =
+// round(x / ln 2), r = x - n ln 2 in two steps, e^r by a degree-6 polynomial, times 2^(n / 2) and 2^(n - n / 2),
+// both normal numbers, so that the products round to denormals and zero the way a single scale would; above
+// ln(FLT_MAX) the result is +inf.
+NPUSIM_AVX2_FMA inline __m256 exp8(__m256 x) {
+  const __m256 overflow = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ);
+  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(88.72283935546875f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i whole = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(whole, 1), bias = _mm256_set1_epi32(127);
+  const __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 second =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(whole, half), bias), 23));
+  const __m256 result = _mm256_mul_ps(_mm256_mul_ps(p, first), second);
+  return _mm256_blendv_ps(result, _mm256_set1_ps(__builtin_inff()), overflow);
+}
+
+// 1 / (1 + e^-x), as the scalar sigmoid writes it.
+NPUSIM_AVX2_FMA inline __m256 sigmoid8(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+// min(max(v, 0), 6) as std::min/std::max take it: a NaN v stays NaN.
+NPUSIM_AVX2_FMA inline __m256 relu6_8(__m256 v) {
+  return _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(_mm256_setzero_ps(), v));
+}
+
+template <VectorUnary F>
+NPUSIM_AVX2_FMA inline __m256 apply8(__m256 x, __m256 low, __m256 high) {
+  if constexpr (F == VectorUnary::Exp) return exp8(x);
+  if constexpr (F == VectorUnary::Sigmoid) return sigmoid8(x);
+  if constexpr (F == VectorUnary::Silu) return _mm256_mul_ps(x, sigmoid8(x));
+  if constexpr (F == VectorUnary::Relu) return _mm256_max_ps(_mm256_setzero_ps(), x);
+  if constexpr (F == VectorUnary::Clamp) return _mm256_min_ps(high, _mm256_max_ps(low, x));
+  if constexpr (F == VectorUnary::Hardswish)
+    return _mm256_div_ps(_mm256_mul_ps(x, relu6_8(_mm256_add_ps(x, _mm256_set1_ps(3.0f)))), _mm256_set1_ps(6.0f));
+  if constexpr (F == VectorUnary::Hardsigmoid)
+    return _mm256_div_ps(relu6_8(_mm256_add_ps(x, _mm256_set1_ps(3.0f))), _mm256_set1_ps(6.0f));
+}
+
+template <VectorUnary F>
+NPUSIM_AVX2_FMA void map8(const float* in, float* out, int64_t n, float low, float high) {
+  const __m256 lo = _mm256_set1_ps(low), hi = _mm256_set1_ps(high);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, apply8<F>(_mm256_loadu_ps(in + i), lo, hi));
+  if (i < n) {
+    alignas(32) float tail[8] = {};
+    for (int64_t j = i; j < n; ++j) tail[j - i] = in[j];
+    _mm256_store_ps(tail, apply8<F>(_mm256_load_ps(tail), lo, hi));
+    for (int64_t j = i; j < n; ++j) out[j] = tail[j - i];
+  }
+}
+
+void unary_avx2(VectorUnary f, const float* in, float* out, int64_t n, float low, float high) {
+  switch (f) {
+    case VectorUnary::Exp:
+      return map8<VectorUnary::Exp>(in, out, n, low, high);
+    case VectorUnary::Sigmoid:
+      return map8<VectorUnary::Sigmoid>(in, out, n, low, high);
+    case VectorUnary::Silu:
+      return map8<VectorUnary::Silu>(in, out, n, low, high);
+    case VectorUnary::Relu:
+      return map8<VectorUnary::Relu>(in, out, n, low, high);
+    case VectorUnary::Clamp:
+      return map8<VectorUnary::Clamp>(in, out, n, low, high);
+    case VectorUnary::Hardswish:
+      return map8<VectorUnary::Hardswish>(in, out, n, low, high);
+    case VectorUnary::Hardsigmoid:
+      return map8<VectorUnary::Hardsigmoid>(in, out, n, low, high);
+  }
+}
+
+NPUSIM_AVX2_FMA void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), _mm256_loadu_ps(up + i)));
+  }
+  if (i < n) {
+    alignas(32) float g[8] = {}, u[8] = {};
+    for (int64_t j = i; j < n; ++j) g[j - i] = gate[j], u[j - i] = up[j];
+    const __m256 gv = _mm256_load_ps(g);
+    _mm256_store_ps(g, _mm256_mul_ps(_mm256_mul_ps(gv, sigmoid8(gv)), _mm256_load_ps(u)));
+    for (int64_t j = i; j < n; ++j) out[j] = g[j - i];
+  }
+}
+
+bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
+
+}  // namespace
+
+bool vector_unary(VectorUnary f, const float* in, float* out, int64_t n, float low, float high) {
+  if (!has_avx2_fma()) return false;
+  unary_avx2(f, in, out, n, low, high);
+  return true;
+}
+
+bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n) {
+  if (!has_avx2_fma()) return false;
+  silu_mul_avx2(gate, up, out, n);
+  return true;
+}
+
+#else
+
+bool vector_unary(VectorUnary, const float*, float*, int64_t, float, float) { return false; }
+bool vector_silu_mul(const float*, const float*, float*, int64_t) { return false; }
+
+#endif
+
+}  // namespace npusim::cpu

@@ -1,0 +1,19 @@
+#pragma once
+// Activations over float arrays with AVX2 and FMA where the CPU has them: exp (a Cephes-style polynomial after
+// reduction by ln 2, within 3e-7 of the exact value relatively), and from it sigmoid and SiLU;
+// ReLU, clamp, hardswish and hardsigmoid with the same operations as the scalar loops, so bit for bit the same.
+// Infinities, NaN and results in the denormal range behave as in the scalar loops.
+#include <cstdint>
+
+namespace npusim::cpu {
+
+enum class VectorUnary : uint8_t { Exp, Sigmoid, Silu, Relu, Clamp, Hardswish, Hardsigmoid };
+
+// out[i] = f(in[i]) for i < n (`out` may be `in`; Clamp bounds low/high, neither NaN). False, with nothing written,
+// when the CPU lacks AVX2 and FMA: the caller keeps its scalar loop.
+bool vector_unary(VectorUnary f, const float* in, float* out, int64_t n, float low = 0.0f, float high = 0.0f);
+
+// out[i] = silu(gate[i]) * up[i]: the gated MLP's activation.
+bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n);
+
+}  // namespace npusim::cpu

@@ -1,0 +1,141 @@
+// The vectorized activations against double-precision math (exp, sigmoid, SiLU) and bit for bit against the scalar
+// formulas the elementwise kernels use (ReLU, clamp, hardswish, hardsigmoid): every element of odd lengths, special
+// values (infinities, NaN, signed zeros, the ends of exp's range), in place and out of place, with sentinel outputs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/vector_math.h"
+#include "core/cpu_features.h"
+
+namespace npusim::cpu {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kSentinel = -777.0f;
+
+std::vector<float> inputs(int64_t n, uint32_t seed, float range) {
+  std::vector<float> v(static_cast<size_t>(n));
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-range, range);
+  for (float& x : v) x = dist(gen);
+  const float specials[] = {0.0f,   -0.0f,   kInf,  -kInf,  kNaN, 88.7f, 88.72f, 88.73f, 89.0f, -87.0f,
+                            -87.4f, -100.0f, 1e-8f, -1e-8f, 3.0f, -3.0f, 6.0f,   0.5f,   -0.5f};
+  for (size_t i = 0; i < v.size() && i < std::size(specials); ++i) v[i * 7 % v.size()] = specials[i];
+  return v;
+}
+
+double reference(VectorUnary f, double x, double low, double high) {
+  const auto relu6 = [](double v) { return std::min(std::max(v, 0.0), 6.0); };
+  switch (f) {
+    case VectorUnary::Exp:
+      return std::exp(x);
+    case VectorUnary::Sigmoid:
+      return 1.0 / (1.0 + std::exp(-x));
+    case VectorUnary::Silu:
+      return x / (1.0 + std::exp(-x));
+    case VectorUnary::Relu:
+      return x < 0 ? 0.0 : x;
+    case VectorUnary::Clamp:
+      return std::isnan(x) ? x : std::min(std::max(x, low), high);
+    case VectorUnary::Hardswish:
+      return x * relu6(x + 3.0) / 6.0;
+    case VectorUnary::Hardsigmoid:
+      return relu6(x + 3.0) / 6.0;
+  }
+  return 0;
+}
+
+// The scalar loops' formulas, in float.
+float scalar(VectorUnary f, float x, float low, float high) {
+  const auto relu6 = [](float v) { return std::min(std::max(v, 0.0f), 6.0f); };
+  switch (f) {
+    case VectorUnary::Relu:
+      return x < 0.0f ? 0.0f : x;
+    case VectorUnary::Clamp:
+      return std::isnan(x) ? x : (x < low ? low : (x > high ? high : x));
+    case VectorUnary::Hardswish:
+      return x * relu6(x + 3.0f) / 6.0f;
+    case VectorUnary::Hardsigmoid:
+      return relu6(x + 3.0f) / 6.0f;
+    default:
+      return kNaN;
+  }
+}
+
+bool exact(VectorUnary f) { return f != VectorUnary::Exp && f != VectorUnary::Sigmoid && f != VectorUnary::Silu; }
+
+void check(VectorUnary f, const std::vector<float>& in, const std::vector<float>& out, const std::string& label) {
+  const float low = -0.25f, high = 0.75f;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const float x = in[i], got = out[i];
+    const std::string at = label + " x=" + std::to_string(x) + " at " + std::to_string(i);
+    if (exact(f)) {
+      const float want = scalar(f, x, low, high);
+      ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << at << " got " << got;
+      continue;
+    }
+    const double want = reference(f, x, low, high);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << at << " got " << got;
+    } else if (std::isinf(want) || std::fabs(want) > std::numeric_limits<float>::max()) {
+      ASSERT_EQ(got, want > 0 ? kInf : -kInf) << at;
+    } else {
+      ASSERT_NEAR(got, want, 3e-7 * std::fabs(want) + 1e-37) << at;
+    }
+  }
+}
+
+TEST(VectorMath, EveryFunctionOverOddLengthsAndSpecialValues) {
+  if (!(cpu_features().avx2 && cpu_features().fma)) {
+    std::vector<float> in(9, 1.0f), out(9, kSentinel);
+    EXPECT_FALSE(vector_unary(VectorUnary::Exp, in.data(), out.data(), 9));
+    EXPECT_EQ(out[0], kSentinel);
+    return;
+  }
+  for (VectorUnary f : {VectorUnary::Exp, VectorUnary::Sigmoid, VectorUnary::Silu, VectorUnary::Relu,
+                        VectorUnary::Clamp, VectorUnary::Hardswish, VectorUnary::Hardsigmoid})
+    for (int64_t n : {0, 1, 7, 8, 9, 31, 1000}) {
+      const std::string label = "f " + std::to_string(static_cast<int>(f)) + " n " + std::to_string(n);
+      const std::vector<float> in = inputs(n, static_cast<uint32_t>(n) + 1, f == VectorUnary::Exp ? 90.0f : 12.0f);
+      std::vector<float> out(static_cast<size_t>(n) + 1, kSentinel);
+      ASSERT_TRUE(vector_unary(f, in.data(), out.data(), n, -0.25f, 0.75f));
+      ASSERT_EQ(out.back(), kSentinel) << label << ": written past the end";
+      out.pop_back();
+      check(f, in, out, label);
+      std::vector<float> same = in;
+      ASSERT_TRUE(vector_unary(f, same.data(), same.data(), n, -0.25f, 0.75f));
+      for (size_t i = 0; i < same.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(same[i]), std::bit_cast<uint32_t>(out[i])) << label << " in place at " << i;
+    }
+}
+
+TEST(VectorMath, SiluTimesUp) {
+  if (!(cpu_features().avx2 && cpu_features().fma)) GTEST_SKIP() << "no AVX2 and FMA: the scalar loop runs";
+  for (int64_t n : {0, 5, 8, 13, 4096}) {
+    const std::vector<float> gate = inputs(n, 3, 12.0f), up = inputs(n, 4, 2.0f);
+    std::vector<float> out(static_cast<size_t>(n) + 1, kSentinel);
+    ASSERT_TRUE(vector_silu_mul(gate.data(), up.data(), out.data(), n));
+    ASSERT_EQ(out.back(), kSentinel);
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = reference(VectorUnary::Silu, gate[static_cast<size_t>(i)], 0, 0) * up[static_cast<size_t>(i)];
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(out[static_cast<size_t>(i)])) << i;
+      } else if (std::isinf(want)) {
+        ASSERT_EQ(out[static_cast<size_t>(i)], static_cast<float>(want)) << i;
+      } else {
+        ASSERT_NEAR(out[static_cast<size_t>(i)], want, 5e-7 * std::fabs(want) + 1e-37) << "n " << n << " at " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace npusim::cpu
