@@ -137,5 +137,16 @@ TEST(VectorMath, SiluTimesUp) {
   }
 }
 
+TEST(VectorMath, SumInDouble) {
+  for (int64_t n : {0, 1, 3, 4, 15, 16, 17, 100, 12544}) {
+    const std::vector<float> x = inputs(n, 9, 5.0f);
+    std::vector<float> finite;
+    for (float v : x) finite.push_back(std::isfinite(v) ? v : 0.5f);
+    long double want = 0;
+    for (float v : finite) want += v;
+    EXPECT_NEAR(sum_in_double(finite.data(), n), static_cast<double>(want), 1e-9) << "n " << n;
+  }
+}
+
 }  // namespace
 }  // namespace npusim::cpu

@@ -97,7 +97,7 @@ struct ConvPlan {
   ConvGeometry g;
   Buffer x, weight, out;
   std::optional<Buffer> bias, residual;
-  std::optional<UnaryStep> activation;  // applied after the GEMM when its epilogue cannot
+  std::optional<UnaryStep> activation;  // any other activation: the GEMM epilogue's unary step
   GemmActivation gemm_activation = GemmActivation::None;
   float low = 0.0f, high = 0.0f;
   std::vector<PackedMatrix> packed;  // per group, when the weight is constant
@@ -105,7 +105,7 @@ struct ConvPlan {
   std::optional<WinogradConv> winograd;     // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
   std::optional<DepthwisePlane> depthwise;  // for depthwise convolutions (one input channel per group)
   // Offsets (in floats) into the shared scratch; -1 when not needed.
-  int64_t x_scratch = -1, bias_scratch = -1, c_scratch = -1, winograd_scratch = -1;
+  int64_t x_scratch = -1, bias_scratch = -1, winograd_scratch = -1;
   int64_t phases_scratch = -1;  // the input split by stride phases, when that packs the patches faster
 };
 
@@ -179,24 +179,13 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
       epilogue.activation = p.gemm_activation;
       epilogue.low = p.low;
       epilogue.high = p.high;
-      std::byte* out = p.out.data + static_cast<size_t>(at) * out_es;
-      const bool via_scratch = p.c_scratch >= 0;
-      const GemmOutput c{via_scratch ? reinterpret_cast<std::byte*>(base + p.c_scratch) : out,
-                         via_scratch ? Elem::F32 : p.out.elem, pixels};
+      epilogue.unary = p.activation ? &*p.activation : nullptr;
+      const GemmOutput c{p.out.data + static_cast<size_t>(at) * out_es, p.out.elem, pixels};
       if (p.winograd) {
         p.winograd->run(x, base + p.winograd_scratch, c, epilogue, pool, scratch);
       } else {
         run_group_gemm(p, group, x_bytes, x, c, epilogue, pool, scratch);
       }
-      if (!p.activation) continue;
-      float* sums = reinterpret_cast<float*>(c.data);
-      pool.parallel_for(group_out, 4, [&](int64_t begin, int64_t end, int) {
-        for (int64_t o = begin; o < end; ++o) {
-          float* row = sums + o * pixels;
-          apply_unary(*p.activation, row, row, pixels);
-          store_floats(row, out + static_cast<size_t>(o * pixels) * out_es, p.out.elem, pixels);
-        }
-      });
     }
   }
 }
@@ -343,7 +332,6 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
   if (!geo.pointwise() && p.x.elem != Elem::F32) p.x_scratch = reserve(geo.in_channels * geo.in_plane());
   if (!p.winograd && !geo.pointwise() && im2col_phases_pay(patches_of(geo, nullptr)))
     p.phases_scratch = reserve(im2col_phase_floats(patches_of(geo, nullptr)));
-  if (p.activation && p.out.elem != Elem::F32) p.c_scratch = reserve(geo.group_out() * geo.pixels());
   ctx.scratch.reserve_shared(floats_bytes(floats));
   kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_gemm_conv(*plan, *pool, *scratch); };
   return kernel;

@@ -9,6 +9,7 @@
 
 #include "backends/cpu/attention_kernels.h"
 #include "backends/cpu/elementwise.h"
+#include "backends/cpu/vector_math.h"
 #include "ops/gemm.h"
 #include "ops/pool_window.h"
 
@@ -393,6 +394,13 @@ std::optional<Kernel> max_pool(const KernelContext& ctx) {
   return kernel;
 }
 
+// The sum of `rows` runs of `columns` values, `stride` apart, in double.
+double rows_sum(const float* x, int64_t stride, int64_t rows, int64_t columns) {
+  double sum = 0.0;
+  for (int64_t r = 0; r < rows; ++r) sum += sum_in_double(x + r * stride, columns);
+  return sum;
+}
+
 std::optional<Kernel> avg_pool(const KernelContext& ctx) {
   std::optional<PoolPlan> plan = pool_plan(ctx, false);
   if (!plan) return std::nullopt;
@@ -412,9 +420,7 @@ std::optional<Kernel> avg_pool(const KernelContext& ctx) {
           const int64_t padded_count = (y1 - y0) * (x1 - x0);
           y0 = std::max<int64_t>(y0, 0), x0 = std::max<int64_t>(x0, 0);
           y1 = std::min(y1, p.in[0]), x1 = std::min(x1, p.in[1]);
-          double sum = 0.0;
-          for (int64_t iy = y0; iy < y1; ++iy)
-            for (int64_t ix = x0; ix < x1; ++ix) sum += x[iy * p.in[1] + ix];
+          const double sum = rows_sum(x + y0 * p.in[1] + x0, p.in[1], y1 - y0, x1 - x0);
           const int64_t divisor = p.divisor_override != 0 ? p.divisor_override
                                   : p.count_include_pad   ? padded_count
                                                           : (y1 - y0) * (x1 - x0);
@@ -447,9 +453,9 @@ std::optional<Kernel> adaptive_avg_pool(const KernelContext& ctx, size_t dims) {
         const int64_t y0 = oy * p.in[0] / p.out[0], y1 = ((oy + 1) * p.in[0] + p.out[0] - 1) / p.out[0];
         for (int64_t ox = 0; ox < p.out[1]; ++ox) {
           const int64_t x0 = ox * p.in[1] / p.out[1], x1 = ((ox + 1) * p.in[1] + p.out[1] - 1) / p.out[1];
-          double sum = 0.0;
-          for (int64_t iy = y0; iy < y1; ++iy)
-            for (int64_t ix = x0; ix < x1; ++ix) sum += x[iy * p.in[1] + ix];
+          // A window of whole rows (a global pool) is one run of values.
+          const double sum = x1 - x0 == p.in[1] ? sum_in_double(x + y0 * p.in[1], (y1 - y0) * p.in[1])
+                                                : rows_sum(x + y0 * p.in[1] + x0, p.in[1], y1 - y0, x1 - x0);
           y[oy * p.out[1] + ox] = static_cast<float>(sum / static_cast<double>((y1 - y0) * (x1 - x0)));
         }
       }

@@ -5,6 +5,8 @@
 // depth of one column block at a time (nc shrinks as k grows), an A operand one [mc, kc] block at a time.
 #include "backends/cpu/packed_gemm.h"
 
+#include "backends/cpu/elementwise.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define NPUSIM_GEMM_X86 1
@@ -781,9 +783,10 @@ void store_rows(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_
       const int64_t row = row0 + i;
       const float* residual =
           e.residual ? reinterpret_cast<const float*>(e.residual) + row * e.residual_ld + col0 : nullptr;
+      float* out = reinterpret_cast<float*>(c.data) + row * c.ld + col0;
       finish_row_avx2(sums + i * ld_sums, cols, e.bias && !e.bias_per_column ? e.bias + row : nullptr,
-                      e.bias && e.bias_per_column ? e.bias + col0 : nullptr, residual, e,
-                      reinterpret_cast<float*>(c.data) + row * c.ld + col0);
+                      e.bias && e.bias_per_column ? e.bias + col0 : nullptr, residual, e, out);
+      if (e.unary) apply_unary(*e.unary, out, out, cols);
     }
     return;
   }
@@ -814,6 +817,7 @@ void store_rows(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_
       const float low = e.low, high = e.high;
       for (int64_t j = 0; j < cols; ++j) v[j] = v[j] < low ? low : (v[j] > high ? high : v[j]);
     }
+    if (e.unary) apply_unary(*e.unary, v, v, cols);
     std::byte* out = c.data + static_cast<size_t>(row * c.ld + col0) * out_es;
     if (c.elem == Elem::F32)
       std::memcpy(out, v, static_cast<size_t>(cols) * sizeof(float));

@@ -133,7 +133,9 @@ using GemmOperand = std::variant<const PackedMatrix*, StridedOperand, Im2colOper
 
 enum class GemmActivation : uint8_t { None, Relu, Clamp };
 
-// What happens to each fp32 sum before it is stored, in this order: + bias, + residual, activation.
+struct UnaryStep;  // backends/cpu/elementwise.h
+
+// What happens to each fp32 sum before it is stored, in this order: + bias, + residual, activation, then `unary`.
 struct GemmEpilogue {
   const float* bias = nullptr;  // fp32, one per row (m values) or, with bias_per_column, one per column (n values)
   bool bias_per_column = false;
@@ -143,6 +145,9 @@ struct GemmEpilogue {
   GemmActivation activation = GemmActivation::None;
   float low = -std::numeric_limits<float>::infinity();  // Clamp bounds (ReLU6: 0 and 6)
   float high = std::numeric_limits<float>::infinity();
+  // Any other activation (SiLU, hardswish, GELU, ...), applied to each row of C as it is finished, while it is in
+  // the cache; null for none.
+  const UnaryStep* unary = nullptr;
 };
 
 // Where C goes: element (i, j) at data[i * ld + j] (in elements), stored as `elem` (F32, F16 or BF16).

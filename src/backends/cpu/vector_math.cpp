@@ -9,6 +9,20 @@
 
 namespace npusim::cpu {
 
+namespace {
+
+double sum_portable(const float* x, int64_t n) {
+  double partial[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int64_t j = 0; j < 4; ++j) partial[j] += x[i + j];
+  double sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+  for (; i < n; ++i) sum += x[i];
+  return sum;
+}
+
+}  // namespace
+
 #ifdef NPUSIM_VECTOR_MATH_X86
 namespace {
 
@@ -111,6 +125,22 @@ NPUSIM_AVX2_FMA void silu_mul_avx2(const float* gate, const float* up, float* ou
   }
 }
 
+__attribute__((target("avx2"))) double sum_avx2(const float* x, int64_t n) {
+  __m256d a = _mm256_setzero_pd(), b = a, c = a, d = a;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm_loadu_ps(x + i)));
+    b = _mm256_add_pd(b, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)));
+    c = _mm256_add_pd(c, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)));
+    d = _mm256_add_pd(d, _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(_mm256_add_pd(a, b), _mm256_add_pd(c, d)));
+  double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; i < n; ++i) sum += x[i];
+  return sum;
+}
+
 bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
 
 }  // namespace
@@ -127,10 +157,14 @@ bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n) 
   return true;
 }
 
+double sum_in_double(const float* x, int64_t n) { return cpu_features().avx2 ? sum_avx2(x, n) : sum_portable(x, n); }
+
 #else
 
 bool vector_unary(VectorUnary, const float*, float*, int64_t, float, float) { return false; }
 bool vector_silu_mul(const float*, const float*, float*, int64_t) { return false; }
+
+double sum_in_double(const float* x, int64_t n) { return sum_portable(x, n); }
 
 #endif
 

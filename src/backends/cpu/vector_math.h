@@ -16,4 +16,8 @@ bool vector_unary(VectorUnary f, const float* in, float* out, int64_t n, float l
 // out[i] = silu(gate[i]) * up[i]: the gated MLP's activation.
 bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n);
 
+// The sum of x[0, n) in double, in several independent partial sums (with AVX2, of four lanes each): a long sum is
+// not one chain of dependent additions. Every CPU.
+double sum_in_double(const float* x, int64_t n);
+
 }  // namespace npusim::cpu
