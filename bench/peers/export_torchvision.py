@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 import make_resnet_case as case  # noqa: E402
 from fx_to_ir import model_ir  # noqa: E402
 
-ARCHS = ["resnet18", "resnet34", "resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0"]
+ARCHS = ["resnet18", "resnet34", "resnet50", "resnext50_32x4d", "regnet_y_400mf", "mobilenet_v2", "mobilenet_v3_large",
+         "efficientnet_b0"]
 
 
 def build_model(arch, seed):

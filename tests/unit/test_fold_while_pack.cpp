@@ -256,6 +256,8 @@ TEST(FoldWhilePack, ConvKernelAppliesRowScalesAsTheFoldedWeightWould) {
       {"3x3 Winograd without bias", 17, 16, 14, 3, 1, 1, 1, false},
       {"grouped", 6, 9, 6, 3, 1, 1, 3, true},
       {"7x7 stem", 3, 8, 16, 7, 2, 3, 1, false},
+      {"depthwise", 4, 4, 5, 3, 1, 1, 4, true},
+      {"depthwise multiplier 2 stride 2", 4, 8, 9, 3, 2, 1, 4, false},
   };
   for (const Case& c : cases)
     for (int threads : {1, 2}) {
@@ -278,15 +280,6 @@ TEST(FoldWhilePack, ConvKernelAppliesRowScalesAsTheFoldedWeightWould) {
       EXPECT_FALSE(plain.applied_scales) << label;
       expect_same_floats(with_scales.out, plain.out, label);
     }
-}
-
-TEST(FoldWhilePack, DepthwiseConvLeavesRowScalesToTheBackend) {
-  const Attrs attrs = conv_attrs(1, 1, 4);
-  const std::vector<double> scales{1, 2, 3, 4};
-  const KernelRun run = run_conv_kernel(attrs, {random_tensor({1, 4, 5, 5}, 1), random_tensor({4, 1, 3, 3}, 2)},
-                                        {1, 4, 5, 5}, &scales, 1);
-  ASSERT_TRUE(run.built);
-  EXPECT_FALSE(run.applied_scales);  // it reads the weight as it is: the backend folds it first
 }
 
 // ---- the CPU backend: folded weights kept as their sources ----

@@ -1,15 +1,16 @@
 // Convolution (conv2d, conv1d, convolution, fused_conv2d) on the packed GEMM: per sample and group,
 // out[Cout/groups, oh * ow] = W[Cout/groups, Cin/groups * kh * kw] · patches, with the weight packed once at prepare
 // time when it is a constant, the patch matrix gathered from the input while the GEMM packs its panels (a pointwise
-// convolution reads the input itself), and bias, residual and ReLU/clamp applied by the GEMM's epilogue. Depthwise
-// convolutions (one input channel per group) have their own direct kernel instead of one tiny GEMM per channel.
+// convolution reads the input itself), and bias, residual and activations applied by the GEMM's epilogue.
+// Convolutions whose groups read few input channels (depthwise, the narrowest grouped ones) are computed directly
+// (direct_conv.h) instead of as many tiny GEMMs.
 #include <array>
 #include <cmath>
 #include <limits>
 #include <memory>
 
 #include "backends/cpu/conv_winograd.h"
-#include "backends/cpu/depthwise_conv.h"
+#include "backends/cpu/direct_conv.h"
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/packed_gemm.h"
 
@@ -32,7 +33,13 @@ struct ConvGeometry {
     return kernel == std::array<int64_t, 2>{1, 1} && stride == std::array<int64_t, 2>{1, 1} &&
            pad == std::array<int64_t, 2>{0, 0} && out == in;
   }
-  bool depthwise() const { return groups > 1 && group_in() == 1; }
+  // Groups of at most four input channels (depthwise convolutions, ResNeXt's narrowest groups): computed directly.
+  // Wider groups and single-group convolutions (an RGB stem included) measured faster on the packed GEMM, which
+  // reuses each input value for six output channels at once.
+  bool direct() const {
+    constexpr int64_t kMaxGroupChannels = 4;
+    return groups > 1 && group_in() <= kMaxGroupChannels;
+  }
 };
 
 std::optional<std::vector<int64_t>> per_dim(const Attrs& attrs, const std::string& name, size_t dims,
@@ -102,8 +109,9 @@ struct ConvPlan {
   float low = 0.0f, high = 0.0f;
   std::vector<PackedMatrix> packed;  // per group, when the weight is constant
   PackedGemm gemm;
-  std::optional<WinogradConv> winograd;     // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
-  std::optional<DepthwisePlane> depthwise;  // for depthwise convolutions (one input channel per group)
+  std::optional<WinogradConv> winograd;  // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
+  std::optional<DirectConv> direct;      // for ConvGeometry::direct()
+  std::vector<float> scaled_weight;      // the direct path's weight with its row scales applied (a folded BatchNorm)
   // Offsets (in floats) into the shared scratch; -1 when not needed.
   int64_t x_scratch = -1, bias_scratch = -1, winograd_scratch = -1;
   int64_t phases_scratch = -1;  // the input split by stride phases, when that packs the patches faster
@@ -190,63 +198,76 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
   }
 }
 
-// ---- depthwise: every output channel reads one input channel ----
+// ---- direct: groups of few input channels ----
 
-// Per worker: the output plane, the input plane converted to fp32 (or a residual plane), the padded input.
-struct DepthwiseScratch {
+// Per worker: one output plane, the group's input planes converted to fp32 (or a residual plane), the padded inputs.
+struct DirectScratch {
   int64_t sums = 0, converted = 0, padded = 0;
 
-  DepthwiseScratch(const ConvGeometry& g, const DepthwisePlane& plane)
+  DirectScratch(const ConvGeometry& g, const DirectConv& conv)
       : sums((g.pixels() + 15) / 16 * 16),
-        converted((std::max(g.in_plane(), g.pixels()) + 15) / 16 * 16),
-        padded(plane.scratch_floats()) {}
+        converted((std::max(g.group_in() * g.in_plane(), g.pixels()) + 15) / 16 * 16),
+        padded(conv.scratch_floats()) {}
   int64_t floats() const { return sums + converted + padded; }
 };
 
-void run_depthwise(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
+// Pieces of work: (sample, group, run of the group's output channels), enough for every worker even with one group;
+// each piece loads its group's inputs once.
+void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
   const ConvGeometry& g = p.g;
-  const int64_t pixels = g.pixels(), plane = g.in_plane(), taps = g.kernel[0] * g.kernel[1];
-  const int64_t multiplier = g.group_out();
-  const DepthwiseScratch layout(g, *p.depthwise);
+  const int64_t pixels = g.pixels(), plane = g.in_plane(), group_in = g.group_in(), group_out = g.group_out();
+  const int64_t weights_per_output = group_in * g.kernel[0] * g.kernel[1];
+  const DirectScratch layout(g, *p.direct);
   // ReLU and clamps go with the sums into the plane, unless a residual must be added before them.
   const bool clamp_in_plane = !p.residual && p.gemm_activation != GemmActivation::None;
   const float low = !clamp_in_plane ? -kInfinity : p.gemm_activation == GemmActivation::Relu ? 0.0f : p.low;
   const float high = clamp_in_plane && p.gemm_activation == GemmActivation::Clamp ? p.high : kInfinity;
   const bool straight_to_output = !p.residual && !p.activation && p.out.elem == Elem::F32;
   const float* weights = scratch.shared_as<float>();  // converted once per run below when not fp32
-  if (p.weight.elem == Elem::F32) {
+  if (!p.scaled_weight.empty()) {
+    weights = p.scaled_weight.data();
+  } else if (p.weight.elem == Elem::F32) {
     weights = p.weight.as<const float>();
   } else {
     to_float(p.weight.data, p.weight.elem, scratch.shared_as<float>(), p.weight.numel());
   }
-  pool.parallel_for(g.batch * g.out_channels, 1, [&](int64_t begin, int64_t end, int worker) {
+  const int64_t groups = g.batch * g.groups;
+  const int64_t runs = std::clamp<int64_t>((4 * pool.size() + groups - 1) / groups, 1, group_out);
+  const int64_t per_run = (group_out + runs - 1) / runs;
+  pool.parallel_for(groups * runs, 1, [&](int64_t begin, int64_t end, int worker) {
     float* sums = scratch.worker_as<float>(worker);
     float* converted = sums + layout.sums;
     float* padded = converted + layout.converted;
-    p.depthwise->clear(padded);
-    for (int64_t index = begin; index < end; ++index) {
-      const int64_t n = index / g.out_channels, o = index % g.out_channels, c = o / multiplier;
-      const int64_t in_at = (n * g.in_channels + c) * plane, out_at = index * pixels;
-      const float* in =
-          float_data(p.x.data + static_cast<size_t>(in_at) * elem_size(p.x.elem), p.x.elem, plane, converted);
-      const float bias = p.bias ? load_float(p.bias->data, p.bias->elem, o) : 0.0f;
-      if (straight_to_output) {
-        p.depthwise->run(in, weights + o * taps, bias, low, high, padded, p.out.as<float>() + out_at);
-        continue;
+    p.direct->clear(padded);
+    for (int64_t piece = begin; piece < end; ++piece) {
+      const int64_t n = piece / runs / g.groups, group = piece / runs % g.groups, run = piece % runs;
+      const int64_t in_at = (n * g.in_channels + group * group_in) * plane;
+      p.direct->load_inputs(float_data(p.x.data + static_cast<size_t>(in_at) * elem_size(p.x.elem), p.x.elem,
+                                       group_in * plane, converted),
+                            padded);
+      for (int64_t o = group * group_out + run * per_run;
+           o < group * group_out + std::min(group_out, (run + 1) * per_run); ++o) {
+        const int64_t out_at = (n * g.out_channels + o) * pixels;
+        const float bias = p.bias ? load_float(p.bias->data, p.bias->elem, o) : 0.0f;
+        const float* w = weights + o * weights_per_output;
+        if (straight_to_output) {
+          p.direct->compute(padded, w, bias, low, high, p.out.as<float>() + out_at);
+          continue;
+        }
+        p.direct->compute(padded, w, bias, low, high, sums);
+        if (p.residual) {
+          const Buffer& r = *p.residual;
+          const float* add =
+              float_data(r.data + static_cast<size_t>(out_at) * elem_size(r.elem), r.elem, pixels, converted);
+          for (int64_t j = 0; j < pixels; ++j) sums[j] += add[j];
+        }
+        if (p.gemm_activation == GemmActivation::Relu && !clamp_in_plane)
+          apply_unary({UnaryKind::Relu}, sums, sums, pixels);
+        else if (p.gemm_activation == GemmActivation::Clamp && !clamp_in_plane)
+          apply_unary({UnaryKind::Clamp, p.low, p.high}, sums, sums, pixels);
+        if (p.activation) apply_unary(*p.activation, sums, sums, pixels);
+        store_floats(sums, p.out.data + static_cast<size_t>(out_at) * elem_size(p.out.elem), p.out.elem, pixels);
       }
-      p.depthwise->run(in, weights + o * taps, bias, low, high, padded, sums);
-      if (p.residual) {
-        const Buffer& r = *p.residual;
-        const float* add =
-            float_data(r.data + static_cast<size_t>(out_at) * elem_size(r.elem), r.elem, pixels, converted);
-        for (int64_t j = 0; j < pixels; ++j) sums[j] += add[j];
-      }
-      if (p.gemm_activation == GemmActivation::Relu && !clamp_in_plane)
-        apply_unary({UnaryKind::Relu}, sums, sums, pixels);
-      else if (p.gemm_activation == GemmActivation::Clamp && !clamp_in_plane)
-        apply_unary({UnaryKind::Clamp, p.low, p.high}, sums, sums, pixels);
-      if (p.activation) apply_unary(*p.activation, sums, sums, pixels);
-      store_floats(sums, p.out.data + static_cast<size_t>(out_at) * elem_size(p.out.elem), p.out.elem, pixels);
     }
   });
 }
@@ -289,17 +310,30 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
     return at;
   };
 
-  if (p.g.depthwise()) {
-    if (p.weight.elem != Elem::F32) reserve(p.weight.numel());
+  if (p.g.direct()) {
+    // A weight kept as its source with per-output-channel factors is scaled once here, each value rounded once
+    // from double as scale_rows folds it.
+    if (const double* scales = ctx.row_scales_of(1)) {
+      if (!fixed_input(ctx, 1) || p.weight.elem != Elem::F32) return std::nullopt;
+      const int64_t per_output = p.weight.numel() / p.g.out_channels;
+      const float* w = p.weight.as<const float>();
+      p.scaled_weight.resize(static_cast<size_t>(p.weight.numel()));
+      for (int64_t i = 0; i < p.weight.numel(); ++i)
+        p.scaled_weight[static_cast<size_t>(i)] =
+            static_cast<float>(static_cast<double>(w[i]) * scales[i / per_output]);
+      kernel.applies_row_scales = true;
+    }
+    if (p.weight.elem != Elem::F32 && p.scaled_weight.empty()) reserve(p.weight.numel());
     ctx.scratch.reserve_shared(floats_bytes(floats));
-    p.depthwise.emplace(DepthwiseGeometry{.in = p.g.in,
-                                          .kernel = p.g.kernel,
-                                          .stride = p.g.stride,
-                                          .dilation = p.g.dilation,
-                                          .pad = p.g.pad,
-                                          .out = p.g.out});
-    ctx.scratch.reserve_per_worker(floats_bytes(DepthwiseScratch(p.g, *p.depthwise).floats()));
-    kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_depthwise(*plan, *pool, *scratch); };
+    p.direct.emplace(DirectConvGeometry{.in = p.g.in,
+                                        .kernel = p.g.kernel,
+                                        .stride = p.g.stride,
+                                        .dilation = p.g.dilation,
+                                        .pad = p.g.pad,
+                                        .out = p.g.out,
+                                        .channels = p.g.group_in()});
+    ctx.scratch.reserve_per_worker(floats_bytes(DirectScratch(p.g, *p.direct).floats()));
+    kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_direct(*plan, *pool, *scratch); };
     return kernel;
   }
 

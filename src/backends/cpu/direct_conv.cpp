@@ -1,8 +1,8 @@
-#include "backends/cpu/depthwise_conv.h"
+#include "backends/cpu/direct_conv.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
-#define NPUSIM_DEPTHWISE_X86 1
+#define NPUSIM_DIRECT_CONV_X86 1
 #endif
 
 #include <algorithm>
@@ -23,7 +23,7 @@ float clamp_keeping_nan(float x, float low, float high) {
   return high < x ? high : x;
 }
 
-#ifdef NPUSIM_DEPTHWISE_X86
+#ifdef NPUSIM_DIRECT_CONV_X86
 // The mask of the first `lanes` (0 to 8) lanes.
 __attribute__((target("avx2"))) __m256i first_lanes(int64_t lanes) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(lanes)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -61,9 +61,10 @@ void copy_floats(const float* src, int64_t count, float* dst, bool avx2) {
 
 }  // namespace
 
-DepthwisePlane::DepthwisePlane(const DepthwiseGeometry& g) : g_(g) {
+DirectConv::DirectConv(const DirectConvGeometry& g) : g_(g) {
   rows_ = (g.out[0] - 1) * g.stride[0] + (g.kernel[0] - 1) * g.dilation[0] + 1;
   row_floats_ = round_up((g.kernel[1] - 1) * g.dilation[1] / g.stride[1] + round_up(g.out[1], kLanes), kLanes);
+  channel_floats_ = g.stride[1] * rows_ * row_floats_;
   for (int64_t ky = 0; ky < g.kernel[0]; ++ky)
     for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
       const int64_t column = kx * g.dilation[1];
@@ -72,15 +73,21 @@ DepthwisePlane::DepthwisePlane(const DepthwiseGeometry& g) : g_(g) {
     }
 }
 
-void DepthwisePlane::clear(float* scratch) const { std::fill_n(scratch, scratch_floats(), 0.0f); }
+void DirectConv::clear(float* scratch) const { std::fill_n(scratch, scratch_floats(), 0.0f); }
+
+void DirectConv::load_inputs(const float* in, float* scratch, bool vectors) const {
+  const bool avx2 = vectors && cpu_features().avx2_fma_f16c();
+  float* row = scratch + g_.channels * channel_floats_;
+  for (int64_t c = 0; c < g_.channels; ++c)
+    fill_phases(in + c * g_.in[0] * g_.in[1], scratch + c * channel_floats_, row, avx2);
+}
 
 // Phase r, row y, column j holds padded column j * sx + r of padded row y: input (y - pad_h, j * sx + r - pad_w), or
 // zero outside the input. Only the input's places are written (and zeros right after them, which may reach into the
-// next row, written later): the padding stays zero from clear(). A strided plane's row is padded whole first (`row`,
-// sx * row_floats_ floats), then split into its phases.
-void DepthwisePlane::fill_phases(const float* in, float* phases, bool avx2) const {
+// next row or channel, written later, or into padding): the padding stays zero from clear(). A strided plane's row
+// is padded whole first (`row`, sx * row_floats_ floats), then split into its phases.
+void DirectConv::fill_phases(const float* in, float* phases, float* row, bool avx2) const {
   const int64_t sx = g_.stride[1], height = g_.in[0], width = g_.in[1], padded_width = sx * row_floats_;
-  float* row = sx > 1 ? phases + sx * rows_ * row_floats_ : nullptr;
   // Input rows [first_row, last_row) and columns [0, columns) land in the plane.
   const int64_t first_row = std::max<int64_t>(0, -g_.pad[0]), last_row = std::min(height, rows_ - g_.pad[0]);
   const int64_t columns = std::clamp<int64_t>(padded_width - g_.pad[1], 0, width);
@@ -100,50 +107,61 @@ void DepthwisePlane::fill_phases(const float* in, float* phases, bool avx2) cons
   }
 }
 
-void DepthwisePlane::rows_portable(const float* phases, const float* weights, float bias, float low, float high,
-                                   float* out) const {
+void DirectConv::rows_portable(const float* scratch, const float* weights, float bias, float low, float high,
+                               float* out) const {
   const int64_t out_h = g_.out[0], out_w = g_.out[1], taps = static_cast<int64_t>(tap_offsets_.size());
   for (int64_t oy = 0; oy < out_h; ++oy) {
     float* row = out + oy * out_w;
-    const float* base = phases + oy * g_.stride[0] * row_floats_;
     std::fill(row, row + out_w, bias);
-    for (int64_t t = 0; t < taps; ++t) {
-      const float w = weights[t];
-      const float* src = base + tap_offsets_[static_cast<size_t>(t)];
-      for (int64_t ox = 0; ox < out_w; ++ox) row[ox] += w * src[ox];
+    for (int64_t c = 0; c < g_.channels; ++c) {
+      const float* base = scratch + c * channel_floats_ + oy * g_.stride[0] * row_floats_;
+      for (int64_t t = 0; t < taps; ++t) {
+        const float w = weights[c * taps + t];
+        const float* src = base + tap_offsets_[static_cast<size_t>(t)];
+        for (int64_t ox = 0; ox < out_w; ++ox) row[ox] += w * src[ox];
+      }
     }
     for (int64_t ox = 0; ox < out_w; ++ox) row[ox] = clamp_keeping_nan(row[ox], low, high);
   }
 }
 
-#ifdef NPUSIM_DEPTHWISE_X86
-// Up to four vectors of one output row at a time, rows in order.
-__attribute__((target("avx2,fma"))) void DepthwisePlane::rows_avx2(const float* phases, const float* weights,
-                                                                   float bias, float low, float high,
-                                                                   float* out) const {
+#ifdef NPUSIM_DIRECT_CONV_X86
+// Up to four vectors of one output row at a time, summed in registers over the channels and taps; rows in order.
+__attribute__((target("avx2,fma"))) void DirectConv::rows_avx2(const float* scratch, const float* weights, float bias,
+                                                               float low, float high, float* out) const {
   constexpr int64_t kVectors = 4;
   const int64_t out_h = g_.out[0], out_w = g_.out[1], taps = static_cast<int64_t>(tap_offsets_.size());
+  const int64_t channels = g_.channels;
   const int64_t* offsets = tap_offsets_.data();
   const __m256 low_v = _mm256_set1_ps(low), high_v = _mm256_set1_ps(high);
   for (int64_t oy = 0; oy < out_h; ++oy) {
     float* row = out + oy * out_w;
-    const float* base = phases + oy * g_.stride[0] * row_floats_;
+    const float* base = scratch + oy * g_.stride[0] * row_floats_;
     int64_t x0 = 0;
     for (; x0 + kVectors * kLanes <= out_w; x0 += kVectors * kLanes) {
       __m256 acc[kVectors];
       for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_set1_ps(bias);
-      for (int64_t t = 0; t < taps; ++t) {
-        const __m256 w = _mm256_set1_ps(weights[t]);
-        const float* src = base + offsets[t] + x0;
-        for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_fmadd_ps(w, _mm256_loadu_ps(src + v * kLanes), acc[v]);
+      for (int64_t c = 0; c < channels; ++c) {
+        const float* channel = base + c * channel_floats_ + x0;
+        const float* w = weights + c * taps;
+        for (int64_t t = 0; t < taps; ++t) {
+          const __m256 wt = _mm256_set1_ps(w[t]);
+          const float* src = channel + offsets[t];
+          for (int64_t v = 0; v < kVectors; ++v)
+            acc[v] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(src + v * kLanes), acc[v]);
+        }
       }
       for (int64_t v = 0; v < kVectors; ++v)
         _mm256_storeu_ps(row + x0 + v * kLanes, _mm256_min_ps(high_v, _mm256_max_ps(low_v, acc[v])));
     }
     for (; x0 < out_w; x0 += kLanes) {
       __m256 acc = _mm256_set1_ps(bias);
-      for (int64_t t = 0; t < taps; ++t)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(weights[t]), _mm256_loadu_ps(base + offsets[t] + x0), acc);
+      for (int64_t c = 0; c < channels; ++c) {
+        const float* channel = base + c * channel_floats_ + x0;
+        const float* w = weights + c * taps;
+        for (int64_t t = 0; t < taps; ++t)
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(channel + offsets[t]), acc);
+      }
       acc = _mm256_min_ps(high_v, _mm256_max_ps(low_v, acc));
       // A whole store may run into the rows after this one (written later), not past the plane.
       if ((oy * out_w + x0 + kLanes) <= out_h * out_w)
@@ -154,18 +172,16 @@ __attribute__((target("avx2,fma"))) void DepthwisePlane::rows_avx2(const float* 
   }
 }
 #else
-void DepthwisePlane::rows_avx2(const float* phases, const float* weights, float bias, float low, float high,
-                               float* out) const {
-  rows_portable(phases, weights, bias, low, high, out);
+void DirectConv::rows_avx2(const float* scratch, const float* weights, float bias, float low, float high,
+                           float* out) const {
+  rows_portable(scratch, weights, bias, low, high, out);
 }
 #endif
 
-void DepthwisePlane::run(const float* in, const float* weights, float bias, float low, float high, float* scratch,
-                         float* out, bool vectors) const {
+void DirectConv::compute(const float* scratch, const float* weights, float bias, float low, float high, float* out,
+                         bool vectors) const {
   if (g_.out[0] <= 0 || g_.out[1] <= 0) return;
-  const bool avx2 = vectors && cpu_features().avx2_fma_f16c();
-  fill_phases(in, scratch, avx2);
-  if (avx2)
+  if (vectors && cpu_features().avx2_fma_f16c())
     rows_avx2(scratch, weights, bias, low, high, out);
   else
     rows_portable(scratch, weights, bias, low, high, out);
