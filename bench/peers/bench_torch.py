@@ -51,8 +51,8 @@ def time_model(model, image, threads, iters, warmup):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", choices=["resnet18", "resnet34", "resnet50", "mobilenet_v2", "mobilenet_v3_large",
-                                           "efficientnet_b0"], required=True)
+    parser.add_argument("--arch", choices=["resnet18", "resnet34", "resnet50", "resnext50_32x4d", "regnet_y_400mf",
+                                           "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0"], required=True)
     parser.add_argument("--weights", required=True)
     parser.add_argument("--inputs", required=True)
     parser.add_argument("--threads", default="1,2")
