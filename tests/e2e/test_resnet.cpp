@@ -10,6 +10,7 @@
 #include "runtime/reference_executor.h"
 #include "runtime/safetensors.h"
 #include "runtime/weight_store.h"
+#include "vision_case.h"
 
 namespace npusim {
 namespace {
@@ -74,16 +75,7 @@ TEST_P(CompiledResNetAgainstPyTorch, LogitsAndTop5Match) {
   const Graph graph = read_torch_ir(kFixtures + "/ir/" + c.arch + "_ir.json");
   const std::string dir =
       make_case({c.arch, "float32"}, graph, std::string("compiled_") + std::string(dtype_name(c.storage)));
-  compiler::CompileOptions options;
-  options.compute_dtype = c.storage;
-  const Program program = compiler::compile_graph(graph, options);
-  WeightStore store;
-  store.add_file(dir + "/weights.safetensors");
-  auto prepared = make_backend("cpu")->prepare(program, store.bind(program.graph).tensors);
-  const SafetensorsFile inputs = SafetensorsFile::open(dir + "/inputs.safetensors");
-  const SafetensorsFile reference = SafetensorsFile::open(dir + "/reference.safetensors");
-  const NamedTensors outputs = prepared->run({{"x", inputs.get("x")}});
-  const Comparison comparison = compare_tensors(outputs[0].second, reference.get(outputs[0].first), 5);
+  const Comparison comparison = test::compiled_on_cpu_against_reference(graph, c.storage, dir);
   const bool exact = c.storage == DType::Float32;
   EXPECT_GT(comparison.pearson, exact ? 0.99999 : 0.999) << comparison.summary();
   EXPECT_TRUE(comparison.all_topk_match()) << comparison.summary();

@@ -4,13 +4,9 @@
 // storage.
 #include <gtest/gtest.h>
 
-#include "compiler/compile.h"
 #include "e2e_util.h"
 #include "ir/torch_ir_reader.h"
-#include "runtime/backend.h"
-#include "runtime/compare.h"
-#include "runtime/safetensors.h"
-#include "runtime/weight_store.h"
+#include "vision_case.h"
 
 namespace npusim {
 namespace {
@@ -31,18 +27,8 @@ TEST_P(VisionModelAgainstPyTorch, LogitsAndTop5Match) {
   const auto made = test::run_command(command);
   ASSERT_EQ(made.exit_code, 0) << command << "\n" << made.output;
 
-  const Graph graph = read_torch_ir(dir + "/ir.json");
-  compiler::CompileOptions options;
-  options.compute_dtype = c.storage;
-  const Program program = compiler::compile_graph(graph, options);
-  WeightStore store;
-  store.add_file(dir + "/weights.safetensors");
-  auto prepared = make_backend("cpu")->prepare(program, store.bind(program.graph).tensors);
-  const SafetensorsFile inputs = SafetensorsFile::open(dir + "/inputs.safetensors");
-  const SafetensorsFile reference = SafetensorsFile::open(dir + "/reference.safetensors");
-  const NamedTensors outputs = prepared->run({{"x", inputs.get("x")}});
-  ASSERT_EQ(outputs.size(), 1u);
-  const Comparison comparison = compare_tensors(outputs[0].second, reference.get(outputs[0].first), 5);
+  const Comparison comparison =
+      test::compiled_on_cpu_against_reference(read_torch_ir(dir + "/ir.json"), c.storage, dir);
   EXPECT_GT(comparison.pearson, c.min_pearson) << comparison.summary();
   EXPECT_TRUE(comparison.all_topk_match()) << comparison.summary();
   EXPECT_TRUE(comparison.all_argmax_match()) << comparison.summary();
