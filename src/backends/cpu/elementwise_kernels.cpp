@@ -38,33 +38,10 @@ void map(const float* in, float* out, int64_t n, F f) {
   for (int64_t i = 0; i < n; ++i) out[i] = f(in[i]);
 }
 
-// The steps vector_unary computes (a clamp with a NaN bound keeps the scalar loop).
-std::optional<VectorUnary> vector_form(const UnaryStep& s) {
-  switch (s.kind) {
-    case UnaryKind::Exp:
-      return VectorUnary::Exp;
-    case UnaryKind::Sigmoid:
-      return VectorUnary::Sigmoid;
-    case UnaryKind::Silu:
-      return VectorUnary::Silu;
-    case UnaryKind::Relu:
-      return VectorUnary::Relu;
-    case UnaryKind::Clamp:
-      if (std::isnan(s.p0) || std::isnan(s.p1)) return std::nullopt;
-      return VectorUnary::Clamp;
-    case UnaryKind::Hardswish:
-      return VectorUnary::Hardswish;
-    case UnaryKind::Hardsigmoid:
-      return VectorUnary::Hardsigmoid;
-    default:
-      return std::nullopt;
-  }
-}
-
 }  // namespace
 
 void apply_unary(const UnaryStep& s, const float* in, float* out, int64_t n) {
-  if (const std::optional<VectorUnary> f = vector_form(s); f && vector_unary(*f, in, out, n, s.p0, s.p1)) return;
+  if (vector_unary(s, in, out, n)) return;
   const float p0 = s.p0, p1 = s.p1, p2 = s.p2;
   switch (s.kind) {
     case UnaryKind::Identity:

@@ -5,6 +5,8 @@
 #define NPUSIM_VECTOR_MATH_X86 1
 #endif
 
+#include <cmath>
+
 #include "core/cpu_features.h"
 
 namespace npusim::cpu {
@@ -65,20 +67,20 @@ NPUSIM_AVX2_FMA inline __m256 relu6_8(__m256 v) {
   return _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(_mm256_setzero_ps(), v));
 }
 
-template <VectorUnary F>
+template <UnaryKind F>
 NPUSIM_AVX2_FMA inline __m256 apply8(__m256 x, __m256 low, __m256 high) {
-  if constexpr (F == VectorUnary::Exp) return exp8(x);
-  if constexpr (F == VectorUnary::Sigmoid) return sigmoid8(x);
-  if constexpr (F == VectorUnary::Silu) return _mm256_mul_ps(x, sigmoid8(x));
-  if constexpr (F == VectorUnary::Relu) return _mm256_max_ps(_mm256_setzero_ps(), x);
-  if constexpr (F == VectorUnary::Clamp) return _mm256_min_ps(high, _mm256_max_ps(low, x));
-  if constexpr (F == VectorUnary::Hardswish)
+  if constexpr (F == UnaryKind::Exp) return exp8(x);
+  if constexpr (F == UnaryKind::Sigmoid) return sigmoid8(x);
+  if constexpr (F == UnaryKind::Silu) return _mm256_mul_ps(x, sigmoid8(x));
+  if constexpr (F == UnaryKind::Relu) return _mm256_max_ps(_mm256_setzero_ps(), x);
+  if constexpr (F == UnaryKind::Clamp) return _mm256_min_ps(high, _mm256_max_ps(low, x));
+  if constexpr (F == UnaryKind::Hardswish)
     return _mm256_div_ps(_mm256_mul_ps(x, relu6_8(_mm256_add_ps(x, _mm256_set1_ps(3.0f)))), _mm256_set1_ps(6.0f));
-  if constexpr (F == VectorUnary::Hardsigmoid)
+  if constexpr (F == UnaryKind::Hardsigmoid)
     return _mm256_div_ps(relu6_8(_mm256_add_ps(x, _mm256_set1_ps(3.0f))), _mm256_set1_ps(6.0f));
 }
 
-template <VectorUnary F>
+template <UnaryKind F>
 NPUSIM_AVX2_FMA void map8(const float* in, float* out, int64_t n, float low, float high) {
   const __m256 lo = _mm256_set1_ps(low), hi = _mm256_set1_ps(high);
   int64_t i = 0;
@@ -91,22 +93,33 @@ NPUSIM_AVX2_FMA void map8(const float* in, float* out, int64_t n, float low, flo
   }
 }
 
-void unary_avx2(VectorUnary f, const float* in, float* out, int64_t n, float low, float high) {
-  switch (f) {
-    case VectorUnary::Exp:
-      return map8<VectorUnary::Exp>(in, out, n, low, high);
-    case VectorUnary::Sigmoid:
-      return map8<VectorUnary::Sigmoid>(in, out, n, low, high);
-    case VectorUnary::Silu:
-      return map8<VectorUnary::Silu>(in, out, n, low, high);
-    case VectorUnary::Relu:
-      return map8<VectorUnary::Relu>(in, out, n, low, high);
-    case VectorUnary::Clamp:
-      return map8<VectorUnary::Clamp>(in, out, n, low, high);
-    case VectorUnary::Hardswish:
-      return map8<VectorUnary::Hardswish>(in, out, n, low, high);
-    case VectorUnary::Hardsigmoid:
-      return map8<VectorUnary::Hardsigmoid>(in, out, n, low, high);
+// False for the steps without a vector form.
+bool unary_avx2(const UnaryStep& step, const float* in, float* out, int64_t n) {
+  switch (step.kind) {
+    case UnaryKind::Exp:
+      map8<UnaryKind::Exp>(in, out, n, 0.0f, 0.0f);
+      return true;
+    case UnaryKind::Sigmoid:
+      map8<UnaryKind::Sigmoid>(in, out, n, 0.0f, 0.0f);
+      return true;
+    case UnaryKind::Silu:
+      map8<UnaryKind::Silu>(in, out, n, 0.0f, 0.0f);
+      return true;
+    case UnaryKind::Relu:
+      map8<UnaryKind::Relu>(in, out, n, 0.0f, 0.0f);
+      return true;
+    case UnaryKind::Clamp:
+      if (std::isnan(step.p0) || std::isnan(step.p1)) return false;
+      map8<UnaryKind::Clamp>(in, out, n, step.p0, step.p1);
+      return true;
+    case UnaryKind::Hardswish:
+      map8<UnaryKind::Hardswish>(in, out, n, 0.0f, 0.0f);
+      return true;
+    case UnaryKind::Hardsigmoid:
+      map8<UnaryKind::Hardsigmoid>(in, out, n, 0.0f, 0.0f);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -145,10 +158,8 @@ bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
 
 }  // namespace
 
-bool vector_unary(VectorUnary f, const float* in, float* out, int64_t n, float low, float high) {
-  if (!has_avx2_fma()) return false;
-  unary_avx2(f, in, out, n, low, high);
-  return true;
+bool vector_unary(const UnaryStep& step, const float* in, float* out, int64_t n) {
+  return has_avx2_fma() && unary_avx2(step, in, out, n);
 }
 
 bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n) {
@@ -161,7 +172,7 @@ double sum_in_double(const float* x, int64_t n) { return cpu_features().avx2 ? s
 
 #else
 
-bool vector_unary(VectorUnary, const float*, float*, int64_t, float, float) { return false; }
+bool vector_unary(const UnaryStep&, const float*, float*, int64_t) { return false; }
 bool vector_silu_mul(const float*, const float*, float*, int64_t) { return false; }
 
 double sum_in_double(const float* x, int64_t n) { return sum_portable(x, n); }

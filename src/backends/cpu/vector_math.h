@@ -5,13 +5,14 @@
 // Infinities, NaN and results in the denormal range behave as in the scalar loops.
 #include <cstdint>
 
+#include "backends/cpu/elementwise.h"
+
 namespace npusim::cpu {
 
-enum class VectorUnary : uint8_t { Exp, Sigmoid, Silu, Relu, Clamp, Hardswish, Hardsigmoid };
-
-// out[i] = f(in[i]) for i < n (`out` may be `in`; Clamp bounds low/high, neither NaN). False, with nothing written,
-// when the CPU lacks AVX2 and FMA: the caller keeps its scalar loop.
-bool vector_unary(VectorUnary f, const float* in, float* out, int64_t n, float low = 0.0f, float high = 0.0f);
+// out[i] = step(in[i]) for i < n (`out` may be `in`) for the steps above (a clamp with bounds p0, p1, neither NaN).
+// False, with nothing written, for any other step or when the CPU lacks AVX2 and FMA: the caller keeps its scalar
+// loop.
+bool vector_unary(const UnaryStep& step, const float* in, float* out, int64_t n);
 
 // out[i] = silu(gate[i]) * up[i]: the gated MLP's activation.
 bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n);
