@@ -137,9 +137,11 @@ Im2colOperand patches_of(const ConvGeometry& g, const float* x) {
                        g.stride[1], g.pad[0],     g.pad[1], g.dilation[0], g.dilation[1], g.out[0],    g.out[1]};
 }
 
-// One sample's group through the packed GEMM: weight rows of the group times its patch matrix.
+// One sample's group through the packed GEMM: weight rows of the group times its patch matrix; over the pool, or on
+// pool worker `worker` alone when given (a caller spreading the groups over the pool).
 void run_group_gemm(const ConvPlan& p, int64_t group, const std::byte* x_bytes, const float* x, const GemmOutput& c,
-                    const GemmEpilogue& epilogue, ThreadPool& pool, const ScratchSpace& scratch) {
+                    const GemmEpilogue& epilogue, ThreadPool& pool, const ScratchSpace& scratch,
+                    std::optional<int> worker = std::nullopt) {
   const ConvGeometry& g = p.g;
   const int64_t pixels = g.pixels(), patch = g.patch(), first_channel = group * g.group_out();
   const size_t x_es = elem_size(p.x.elem), w_es = elem_size(p.weight.elem);
@@ -151,14 +153,17 @@ void run_group_gemm(const ConvPlan& p, int64_t group, const std::byte* x_bytes, 
     b = StridedOperand{x_bytes + static_cast<size_t>(group * g.group_in() * g.in_plane()) * x_es, p.x.elem, pixels};
   } else {
     Im2colOperand patches = patches_of(g, x + group * g.group_in() * g.in_plane());
-    if (p.phases_scratch >= 0) {
+    if (p.phases_scratch >= 0) {  // never with `worker`: the split phases are one buffer
       float* phases = scratch.shared_as<float>() + p.phases_scratch;
       split_im2col_phases(patches, phases, &pool);
       patches.phases = phases;
     }
     b = patches;
   }
-  p.gemm.run(a, b, c, epilogue, pool, scratch);
+  if (worker)
+    p.gemm.run_on_worker(a, b, c, epilogue, *worker, scratch);
+  else
+    p.gemm.run(a, b, c, epilogue, pool, scratch);
 }
 
 void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
@@ -169,12 +174,16 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
   const float* bias =
       p.bias ? float_data(p.bias->data, p.bias->elem, g.out_channels, base + std::max<int64_t>(p.bias_scratch, 0))
              : nullptr;
+  // Groups whose products are each too small to split over the pool (ResNeXt's and RegNet's grouped
+  // convolutions) are spread over it instead, one group per piece.
+  const bool groups_in_parallel =
+      g.groups > 1 && !p.winograd && p.phases_scratch < 0 && pool.size() > 1 && p.gemm.single_worker(pool.size());
   for (int64_t n = 0; n < g.batch; ++n) {
     const std::byte* x_bytes = p.x.data + static_cast<size_t>(n * sample) * x_es;
     // The im2col gather reads fp32; a pointwise product packs straight from any float type.
     const float* x = nullptr;
     if (!g.pointwise()) x = float_data(x_bytes, p.x.elem, sample, base + std::max<int64_t>(p.x_scratch, 0));
-    for (int64_t group = 0; group < g.groups; ++group) {
+    const auto run_group = [&](int64_t group, std::optional<int> worker) {
       const int64_t first_channel = group * group_out;
       const int64_t at = (n * g.out_channels + first_channel) * pixels;
       GemmEpilogue epilogue;
@@ -192,8 +201,15 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
       if (p.winograd) {
         p.winograd->run(x, base + p.winograd_scratch, c, epilogue, pool, scratch);
       } else {
-        run_group_gemm(p, group, x_bytes, x, c, epilogue, pool, scratch);
+        run_group_gemm(p, group, x_bytes, x, c, epilogue, pool, scratch, worker);
       }
+    };
+    if (groups_in_parallel) {
+      pool.parallel_for(g.groups, 1, [&](int64_t begin, int64_t end, int worker) {
+        for (int64_t group = begin; group < end; ++group) run_group(group, worker);
+      });
+    } else {
+      for (int64_t group = 0; group < g.groups; ++group) run_group(group, std::nullopt);
     }
   }
 }

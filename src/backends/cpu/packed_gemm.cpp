@@ -1326,6 +1326,11 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
   });
 }
 
+bool PackedGemm::single_worker(int threads) const {
+  const Grid grid = plan_grid(spec_, threads, mc_, nc_, shared_b_floats_ > 0);
+  return grid.rows * grid.cols == 1;
+}
+
 bool PackedGemm::packs_b_once(int threads) const {
   return spec_.m > 0 && spec_.n > 0 && plan_grid(spec_, threads, mc_, nc_, shared_b_floats_ > 0).shared_b;
 }

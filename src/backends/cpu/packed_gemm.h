@@ -180,6 +180,8 @@ class PackedGemm {
   void run_on_worker(const GemmOperand& a, const GemmOperand& b, const GemmOutput& c, const GemmEpilogue& epilogue,
                      int worker, const ScratchSpace& scratch) const;
   const GemmSpec& spec() const { return spec_; }
+  // Whether a run over a pool of `threads` keeps the whole product on one worker (too small to split).
+  bool single_worker(int threads) const;
   // Whether a run over a pool of `threads` packs B once for all its workers, in a pass before the product, instead
   // of each worker packing the columns it multiplies (for tests and measurements).
   bool packs_b_once(int threads) const;
