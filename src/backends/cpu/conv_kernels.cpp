@@ -238,7 +238,8 @@ void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch
   const bool clamp_in_plane = !p.residual && p.gemm_activation != GemmActivation::None;
   const float low = !clamp_in_plane ? -kInfinity : p.gemm_activation == GemmActivation::Relu ? 0.0f : p.low;
   const float high = clamp_in_plane && p.gemm_activation == GemmActivation::Clamp ? p.high : kInfinity;
-  const bool straight_to_output = !p.residual && !p.activation && p.out.elem == Elem::F32;
+  // An fp32 output without a residual is written in place (any other activation applied there afterwards).
+  const bool straight_to_output = !p.residual && p.out.elem == Elem::F32;
   const float* weights = scratch.shared_as<float>();  // converted once per run below when not fp32
   if (!p.scaled_weight.empty()) {
     weights = p.scaled_weight.data();
@@ -267,7 +268,9 @@ void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch
         const float bias = p.bias ? load_float(p.bias->data, p.bias->elem, o) : 0.0f;
         const float* w = weights + o * weights_per_output;
         if (straight_to_output) {
-          p.direct->compute(padded, w, bias, low, high, p.out.as<float>() + out_at);
+          float* out = p.out.as<float>() + out_at;
+          p.direct->compute(padded, w, bias, low, high, out);
+          if (p.activation) apply_unary(*p.activation, out, out, pixels);
           continue;
         }
         p.direct->compute(padded, w, bias, low, high, sums);
