@@ -232,6 +232,21 @@ TEST(ConvKernels, Conv1dMatchesReference) {
   const std::optional<Tensor> actual = run_kernel("conv1d", attrs, inputs, expected.shape(), Elem::F32, 2);
   ASSERT_TRUE(actual);
   expect_close(*actual, expected, 2e-5, "conv1d");
+  // Depthwise along a sequence (a causal-style padded 1-D depthwise filter, dilation 2), batch 2.
+  Attrs depthwise;
+  depthwise.set("padding", std::vector<int64_t>{6});
+  depthwise.set("dilation", std::vector<int64_t>{2});
+  depthwise.set("groups", int64_t{6});
+  depthwise = normalized("conv1d", depthwise);
+  const std::vector<Tensor> dw_inputs{random_tensor({2, 6, 37}, 8), random_tensor({6, 1, 4}, 9),
+                                      random_tensor({6}, 10)};
+  const Tensor dw_expected = reference("conv1d", depthwise, dw_inputs);
+  for (int threads : {1, 2}) {
+    const std::optional<Tensor> dw_actual =
+        run_kernel("conv1d", depthwise, dw_inputs, dw_expected.shape(), Elem::F32, threads);
+    ASSERT_TRUE(dw_actual);
+    expect_close(*dw_actual, dw_expected, 2e-5, "depthwise conv1d threads " + std::to_string(threads));
+  }
 }
 
 TEST(ConvKernels, UnsupportedGeometryIsLeftToTheReference) {
