@@ -56,10 +56,29 @@ NPUSIM_AVX2_FMA inline __m256 exp8(__m256 x) {
   return _mm256_blendv_ps(result, _mm256_set1_ps(__builtin_inff()), overflow);
 }
 
-// 1 / (1 + e^-x), as the scalar sigmoid writes it.
+// 1 / (1 + e^-x), as the scalar sigmoid writes it, with exp8's polynomial over the range that matters: for -x < -20,
+// 1 + e^-x rounds to 1 anyway, and for x < -ln(FLT_MAX) the scalar loop's e^-x overflows and the result is 0; in
+// between, 2^n is one normal number. A NaN stays NaN through the bound-first min/max.
 NPUSIM_AVX2_FMA inline __m256 sigmoid8(__m256 x) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+  const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-88.72283935546875f), _CMP_LT_OQ);
+  const __m256 t = _mm256_max_ps(_mm256_set1_ps(-20.0f),
+                                 _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_sub_ps(_mm256_setzero_ps(), x)));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), t);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
+  const __m256 scale =
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  const __m256 sigmoid = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_mul_ps(p, scale)));
+  return _mm256_andnot_ps(zero_below, sigmoid);
 }
 
 // min(max(v, 0), 6) as std::min/std::max take it: a NaN v stays NaN.
