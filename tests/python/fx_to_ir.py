@@ -28,14 +28,13 @@ def pair(value):
 
 
 class Writer:
-    def __init__(self, model, name):
+    def __init__(self, model):
         self.model = model
         self.nodes = []
         self.weights = []
         self.mapping = {}
         self.names = {}  # fx node -> IR value name
         self.used = set()
-        self.ir_name = name
 
     def unique(self, base):
         name, i = base, 1
@@ -137,7 +136,7 @@ def model_ir(model, example, name, input_name="x"):
     """The IR of `model` (eval mode) traced on `example` [N, C, H, W], as a dict."""
     graph = torch.fx.symbolic_trace(model)
     ShapeProp(graph).propagate(example)
-    writer = Writer(model, name)
+    writer = Writer(model)
     graph_inputs, graph_outputs = [], []
     for node in graph.graph.nodes:
         if node.op == "placeholder":

@@ -115,6 +115,9 @@ struct ConvPlan {
   // Offsets (in floats) into the shared scratch; -1 when not needed.
   int64_t x_scratch = -1, bias_scratch = -1, winograd_scratch = -1;
   int64_t phases_scratch = -1;  // the input split by stride phases, when that packs the patches faster
+  // Groups whose products are each too small to split over the pool (ResNeXt's and RegNet's grouped convolutions)
+  // run side by side over it instead, one group per piece.
+  bool groups_in_parallel = false;
 };
 
 // The epilogue's share of an activation: ReLU and clamps run inside the GEMM, anything else afterwards.
@@ -174,10 +177,6 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
   const float* bias =
       p.bias ? float_data(p.bias->data, p.bias->elem, g.out_channels, base + std::max<int64_t>(p.bias_scratch, 0))
              : nullptr;
-  // Groups whose products are each too small to split over the pool (ResNeXt's and RegNet's grouped
-  // convolutions) are spread over it instead, one group per piece.
-  const bool groups_in_parallel =
-      g.groups > 1 && !p.winograd && p.phases_scratch < 0 && pool.size() > 1 && p.gemm.single_worker(pool.size());
   for (int64_t n = 0; n < g.batch; ++n) {
     const std::byte* x_bytes = p.x.data + static_cast<size_t>(n * sample) * x_es;
     // The im2col gather reads fp32; a pointwise product packs straight from any float type.
@@ -204,7 +203,7 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
         run_group_gemm(p, group, x_bytes, x, c, epilogue, pool, scratch, worker);
       }
     };
-    if (groups_in_parallel) {
+    if (p.groups_in_parallel) {
       pool.parallel_for(g.groups, 1, [&](int64_t begin, int64_t end, int worker) {
         for (int64_t group = begin; group < end; ++group) run_group(group, worker);
       });
@@ -385,6 +384,8 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
   if (!geo.pointwise() && p.x.elem != Elem::F32) p.x_scratch = reserve(geo.in_channels * geo.in_plane());
   if (!p.winograd && !geo.pointwise() && im2col_phases_pay(patches_of(geo, nullptr)))
     p.phases_scratch = reserve(im2col_phase_floats(patches_of(geo, nullptr)));
+  p.groups_in_parallel = geo.groups > 1 && !p.winograd && p.phases_scratch < 0 && ctx.pool.size() > 1 &&
+                         p.gemm.single_worker(ctx.pool.size());
   ctx.scratch.reserve_shared(floats_bytes(floats));
   kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_gemm_conv(*plan, *pool, *scratch); };
   return kernel;

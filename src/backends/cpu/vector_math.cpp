@@ -30,16 +30,12 @@ namespace {
 
 #define NPUSIM_AVX2_FMA __attribute__((target("avx2,fma")))
 
-// e^x for 8 lanes. x is clamped to [-104, ln(FLT_MAX)] (a NaN stays NaN through the bound-first min/max), n =
-// round(x / ln 2), r = x - n ln 2 in two steps, e^r by a degree-6 polynomial, times 2^(n / 2) and 2^(n - n / 2),
-// both normal numbers, so that the products round to denormals and zero the way a single scale would; above
-// ln(FLT_MAX) the result is +inf.
-NPUSIM_AVX2_FMA inline __m256 exp8(__m256 x) {
-  const __m256 overflow = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ);
-  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(88.72283935546875f), x));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+// The reduction shared by exp8 and sigmoid8: for t already clamped to a finite range, n = round(t / ln 2) and the
+// return value e^r for r = t - n ln 2 (taken in two steps), by a degree-6 polynomial; e^t = e^r * 2^n.
+NPUSIM_AVX2_FMA inline __m256 exp_reduced(__m256 t, __m256& n) {
+  n = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504088896341f)),
+                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), t);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
   __m256 p = _mm256_set1_ps(1.9875691500e-4f);
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
@@ -47,12 +43,26 @@ NPUSIM_AVX2_FMA inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i whole = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(whole, 1), bias = _mm256_set1_epi32(127);
-  const __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
-  const __m256 second =
-      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(whole, half), bias), 23));
-  const __m256 result = _mm256_mul_ps(_mm256_mul_ps(p, first), second);
+  return _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+}
+
+// 2^k for integer lanes k in [-126, 127].
+NPUSIM_AVX2_FMA inline __m256 power_of_two(__m256i k) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k, _mm256_set1_epi32(127)), 23));
+}
+
+// e^x for 8 lanes. x is clamped to [-104, ln(FLT_MAX)] (a NaN stays NaN through the bound-first min/max), n =
+// round(x / ln 2), r = x - n ln 2 in two steps, e^r by a degree-6 polynomial, times 2^(n / 2) and 2^(n - n / 2),
+// both normal numbers, so that the products round to denormals and zero the way a single scale would; above
+// ln(FLT_MAX) the result is +inf.
+NPUSIM_AVX2_FMA inline __m256 exp8(__m256 x) {
+  const __m256 overflow = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ);
+  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), _mm256_min_ps(_mm256_set1_ps(88.72283935546875f), x));
+  __m256 n;
+  const __m256 p = exp_reduced(x, n);
+  const __m256i whole = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(whole, 1);
+  const __m256 result =
+      _mm256_mul_ps(_mm256_mul_ps(p, power_of_two(half)), power_of_two(_mm256_sub_epi32(whole, half)));
   return _mm256_blendv_ps(result, _mm256_set1_ps(__builtin_inff()), overflow);
 }
 
@@ -64,20 +74,9 @@ NPUSIM_AVX2_FMA inline __m256 sigmoid8(__m256 x) {
   const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-88.72283935546875f), _CMP_LT_OQ);
   const __m256 t = _mm256_max_ps(_mm256_set1_ps(-20.0f),
                                  _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_sub_ps(_mm256_setzero_ps(), x)));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), t);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, one));
-  const __m256 scale =
-      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
-  const __m256 sigmoid = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_mul_ps(p, scale)));
+  __m256 n;
+  const __m256 p = exp_reduced(t, n);
+  const __m256 sigmoid = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_mul_ps(p, power_of_two(_mm256_cvtps_epi32(n)))));
   return _mm256_andnot_ps(zero_below, sigmoid);
 }
 
