@@ -215,13 +215,13 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
 
 // ---- direct: groups of few input channels ----
 
-// Per worker: one output plane, the group's input planes converted to fp32 (or a residual plane), the padded inputs.
+// Per worker: one output plane, the group's input planes converted to fp32, the padded inputs.
 struct DirectScratch {
   int64_t sums = 0, converted = 0, padded = 0;
 
   DirectScratch(const ConvGeometry& g, const DirectConv& conv)
       : sums((g.pixels() + 15) / 16 * 16),
-        converted((std::max(g.group_in() * g.in_plane(), g.pixels()) + 15) / 16 * 16),
+        converted((g.group_in() * g.in_plane() + 15) / 16 * 16),
         padded(conv.scratch_floats()) {}
   int64_t floats() const { return sums + converted + padded; }
 };
@@ -272,19 +272,21 @@ void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch
           if (p.activation) apply_unary(*p.activation, out, out, pixels);
           continue;
         }
+        // Otherwise the plane goes through the GEMM's epilogue: residual, the activations left, the output's type.
         p.direct->compute(padded, w, bias, low, high, sums);
+        GemmEpilogue epilogue;
         if (p.residual) {
-          const Buffer& r = *p.residual;
-          const float* add =
-              float_data(r.data + static_cast<size_t>(out_at) * elem_size(r.elem), r.elem, pixels, converted);
-          for (int64_t j = 0; j < pixels; ++j) sums[j] += add[j];
+          epilogue.residual = p.residual->data + static_cast<size_t>(out_at) * elem_size(p.residual->elem);
+          epilogue.residual_elem = p.residual->elem;
+          epilogue.residual_ld = pixels;
         }
-        if (p.gemm_activation == GemmActivation::Relu && !clamp_in_plane)
-          apply_unary({UnaryKind::Relu}, sums, sums, pixels);
-        else if (p.gemm_activation == GemmActivation::Clamp && !clamp_in_plane)
-          apply_unary({UnaryKind::Clamp, p.low, p.high}, sums, sums, pixels);
-        if (p.activation) apply_unary(*p.activation, sums, sums, pixels);
-        store_floats(sums, p.out.data + static_cast<size_t>(out_at) * elem_size(p.out.elem), p.out.elem, pixels);
+        epilogue.activation = clamp_in_plane ? GemmActivation::None : p.gemm_activation;
+        epilogue.low = p.low;
+        epilogue.high = p.high;
+        epilogue.unary = p.activation ? &*p.activation : nullptr;
+        store_through_epilogue(sums, pixels, 1, pixels, 0, 0,
+                               {p.out.data + static_cast<size_t>(out_at) * elem_size(p.out.elem), p.out.elem, pixels},
+                               epilogue);
       }
     }
   });

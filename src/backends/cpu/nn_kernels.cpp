@@ -394,8 +394,10 @@ std::optional<Kernel> max_pool(const KernelContext& ctx) {
   return kernel;
 }
 
-// The sum of `rows` runs of `columns` values, `stride` apart, in double.
+// The sum of `rows` runs of `columns` values, `stride` apart, in double; runs that touch (a window of whole rows, as a
+// global pool's) are summed as one.
 double rows_sum(const float* x, int64_t stride, int64_t rows, int64_t columns) {
+  if (columns == stride) return sum_in_double(x, rows * columns);
   double sum = 0.0;
   for (int64_t r = 0; r < rows; ++r) sum += sum_in_double(x + r * stride, columns);
   return sum;
@@ -453,9 +455,7 @@ std::optional<Kernel> adaptive_avg_pool(const KernelContext& ctx, size_t dims) {
         const int64_t y0 = oy * p.in[0] / p.out[0], y1 = ((oy + 1) * p.in[0] + p.out[0] - 1) / p.out[0];
         for (int64_t ox = 0; ox < p.out[1]; ++ox) {
           const int64_t x0 = ox * p.in[1] / p.out[1], x1 = ((ox + 1) * p.in[1] + p.out[1] - 1) / p.out[1];
-          // A window of whole rows (a global pool) is one run of values.
-          const double sum = x1 - x0 == p.in[1] ? sum_in_double(x + y0 * p.in[1], (y1 - y0) * p.in[1])
-                                                : rows_sum(x + y0 * p.in[1] + x0, p.in[1], y1 - y0, x1 - x0);
+          const double sum = rows_sum(x + y0 * p.in[1] + x0, p.in[1], y1 - y0, x1 - x0);
           y[oy * p.out[1] + ox] = static_cast<float>(sum / static_cast<double>((y1 - y0) * (x1 - x0)));
         }
       }
