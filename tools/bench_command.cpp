@@ -107,8 +107,8 @@ void reject_model_options(const Args& args) {
 }
 
 void reject_graph_options(const Args& args) {
-  for (const char* name :
-       {"weights", "config", "random-weights", "inputs", "input", "random-inputs", "disable", "no-fallback"})
+  for (const char* name : {"weights", "config", "random-weights", "inputs", "input", "random-inputs", "disable",
+                           "no-fallback", "pack-cache"})
     if (args.flag(name)) fail(std::string("npusim bench: option '--") + name + "' applies to graphs, not to --model");
   if (!args.positionals().empty()) fail("npusim bench: --model takes no graph or program file");
 }
@@ -154,14 +154,26 @@ int bench_graph(const Args& args) {
   std::printf("work: %.3f GFLOP, %.1f MB moved -> %.1f GFLOP/s, %.1f GB/s; load and prepare %.1f ms\n", flops / 1e9,
               static_cast<double>(bytes) / 1e6, gflops, gbps, load_ms);
   print_efficiency(peak, gbps, gflops);
+  const PrepareCost cost = prepared->prepare_cost();
+  for (const std::string& note : cost.notes) std::printf("pack cache: %s\n", note.c_str());
   if (args.flag("json")) {
-    nlohmann::json json = {{"file", path},          {"kernels", program.graph.nodes.size()},
-                           {"dtype", dtype},        {"threads", threads},
-                           {"iters", iters},        {"warmup", warmup},
-                           {"min_ms", latency.min}, {"median_ms", latency.median},
-                           {"max_ms", latency.max}, {"gflop", flops / 1e9},
-                           {"gflops", gflops},      {"bytes", bytes},
-                           {"gbps", gbps},          {"load_ms", load_ms}};
+    nlohmann::json json = {{"file", path},
+                           {"kernels", program.graph.nodes.size()},
+                           {"dtype", dtype},
+                           {"threads", threads},
+                           {"iters", iters},
+                           {"warmup", warmup},
+                           {"min_ms", latency.min},
+                           {"median_ms", latency.median},
+                           {"max_ms", latency.max},
+                           {"gflop", flops / 1e9},
+                           {"gflops", gflops},
+                           {"bytes", bytes},
+                           {"gbps", gbps},
+                           {"load_ms", load_ms},
+                           {"prepare_ms", cost.milliseconds},
+                           {"packed_mb", static_cast<double>(cost.packed_bytes) / 1e6},
+                           {"mapped_mb", static_cast<double>(cost.mapped_bytes) / 1e6}};
     add_peak(json, peak, gbps, gflops);
     std::printf("%s\n", json.dump().c_str());
   }
@@ -325,8 +337,10 @@ int bench_model(const Args& args) {
 }  // namespace
 
 int bench_command(const std::vector<std::string>& argv) {
-  const Args args("bench",
-                  join({kWeightOptions, kInputOptions, kCompileOptions, kBenchOnlyOptions, kModelBenchOptions}), argv);
+  const Args args(
+      "bench",
+      join({kWeightOptions, kInputOptions, kCompileOptions, kPackCacheOptions, kBenchOnlyOptions, kModelBenchOptions}),
+      argv);
   if (args.flag("help")) {
     std::printf(
         "usage: npusim bench GRAPH.json|PROGRAM.npubin [options]\n"

@@ -37,6 +37,12 @@ const std::vector<OptionSpec> kCompileOptions = {
     {"no-fallback", false, "fail instead of falling back for ops the target lacks"},
 };
 
+const std::vector<OptionSpec> kPackCacheOptions = {
+    {"pack-cache", true,
+     "DIR: keep the CPU backend's packed weights in DIR; a later run of the same program, weights and build maps "
+     "them instead of packing again"},
+};
+
 std::vector<OptionSpec> join(std::initializer_list<std::vector<OptionSpec>> lists) {
   std::vector<OptionSpec> all;
   for (const auto& list : lists) all.insert(all.end(), list.begin(), list.end());
@@ -141,7 +147,12 @@ PreparedModel prepare_model(const std::string& path, const Args& args, const Bac
   const auto weights = bind_weights(model.program.graph, args, DerivedWeights::LeftToBackend);
   model.partitions = plan->partitions.size();
   model.fallback_nodes = plan->fallback_nodes();
-  model.executor = std::make_unique<DagExecutor>(model.program, std::move(*plan), weights, partition_backends(backend));
+  BackendOptions options = backend;
+  if (const auto directory = args.value("pack-cache")) {
+    if (directory->empty()) fail("--pack-cache needs a directory");
+    options.pack_cache = *directory;
+  }
+  model.executor = std::make_unique<DagExecutor>(model.program, std::move(*plan), weights, partition_backends(options));
   model.label =
       model.target.name + " on " + model.target.backend + ", " + std::string(dtype_name(model.program.compute_dtype));
   if (model.partitions > 1)

@@ -21,6 +21,9 @@ extern const std::vector<OptionSpec> kInputOptions;
 // --target/--dtype/--disable/--no-fallback.
 extern const std::vector<OptionSpec> kCompileOptions;
 
+// --pack-cache (prepare_model reads it).
+extern const std::vector<OptionSpec> kPackCacheOptions;
+
 std::vector<OptionSpec> join(std::initializer_list<std::vector<OptionSpec>> lists);
 
 std::vector<std::pair<ValueId, Tensor>> load_weights(const Graph& graph, const Args& args);

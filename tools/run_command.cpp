@@ -45,7 +45,8 @@ void print_top(const NamedTensors& outputs, int k) {
 }  // namespace
 
 int run_command(const std::vector<std::string>& argv) {
-  const Args args("run", join({kWeightOptions, kInputOptions, kCompileOptions, kRunOnlyOptions}), argv);
+  const Args args("run", join({kWeightOptions, kInputOptions, kCompileOptions, kPackCacheOptions, kRunOnlyOptions}),
+                  argv);
   if (args.flag("help")) {
     std::printf("usage: npusim run GRAPH.json|PROGRAM.npubin [options]\n%s", args.usage().c_str());
     return 0;
@@ -89,10 +90,17 @@ int run_command(const std::vector<std::string>& argv) {
     char line[256];
     std::snprintf(line, sizeof line,
                   "memory: planned %.2f MB, allocated %.2f MB\nprepare: %.1f ms, %.2f MB of weights packed for the "
-                  "kernels\n",
+                  "kernels",
                   prepared.planned_bytes() / 1e6, prepared.allocated_bytes() / 1e6, cost.milliseconds,
                   static_cast<double>(cost.packed_bytes) / 1e6);
     memory_line = line;
+    if (cost.mapped_bytes > 0) {
+      std::snprintf(line, sizeof line, " (%.2f MB of them mapped from the pack cache)",
+                    static_cast<double>(cost.mapped_bytes) / 1e6);
+      memory_line += line;
+    }
+    memory_line += "\n";
+    for (const std::string& note : cost.notes) memory_line += "pack cache: " + note + "\n";
     if (args.flag("profile")) std::fputs(format_profile(prepared.last_profile()).c_str(), stdout);
     if (auto trace = args.value("trace")) {
       write_chrome_trace(*trace, prepared.last_profile());

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "npusim/error.h"
 
@@ -77,12 +78,24 @@ void prefault(std::byte* data, size_t bytes) {
   }
 }
 
-std::byte* ZeroedArena::allocate(size_t bytes, const char* what) {
+ZeroedArena::ZeroedArena(const std::vector<ArenaBlock>& written, std::shared_ptr<const void> keeper)
+    : keeper_(std::move(keeper)) {
+  for (const ArenaBlock& block : written)
+    if (block.tag != 0) written_[block.tag] = block;
+}
+
+ZeroedArena::Allocation ZeroedArena::allocate(size_t bytes, const char* what, uint64_t tag) {
   // Chunks of 32 MiB: a ResNet-50's packed weights take a handful; pages of a chunk that no block reaches are never
   // touched, so they cost address space only.
   constexpr size_t kChunk = size_t{32} << 20;
   const size_t rounded = line_bytes(bytes);
   const std::lock_guard lock(mutex_);
+  if (const auto it = written_.find(tag); tag != 0 && it != written_.end() && it->second.bytes == bytes) {
+    handed_out_.push_back(it->second);
+    used_ += rounded;
+    written_used_ += rounded;
+    return {it->second.data, true};
+  }
   if (rounded > free_) {
     // No huge-page advice yet. First touches of huge pages measured 11 ms per 100 MB here when the kernel had them
     // at hand, but 60-300 ms in most start-ups (the kernel, or the host, must make them first: timing the first
@@ -98,7 +111,8 @@ std::byte* ZeroedArena::allocate(size_t bytes, const char* what) {
   std::byte* block = chunks_.back().get() + (chunks_.back().get_deleter().bytes - free_);
   free_ -= rounded;
   used_ += rounded;
-  return block;
+  handed_out_.push_back({block, bytes, tag});
+  return {block, false};
 }
 
 void ZeroedArena::advise_huge_pages() {
@@ -109,6 +123,16 @@ void ZeroedArena::advise_huge_pages() {
 size_t ZeroedArena::used_bytes() const {
   const std::lock_guard lock(mutex_);
   return used_;
+}
+
+size_t ZeroedArena::written_bytes() const {
+  const std::lock_guard lock(mutex_);
+  return written_used_;
+}
+
+std::vector<ArenaBlock> ZeroedArena::blocks() const {
+  const std::lock_guard lock(mutex_);
+  return handed_out_;
 }
 
 }  // namespace npusim

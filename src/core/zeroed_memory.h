@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace npusim {
@@ -31,27 +32,50 @@ ZeroedMemory allocate_zeroed(size_t bytes, const char* what, Pages pages = Pages
 // writes it. The contents stay as they are; pages already mapped cost nothing more.
 void prefault(std::byte* data, size_t bytes);
 
+// A block of a ZeroedArena: where it is, its size, and the tag its caller gave it (what it holds; 0: no tag).
+struct ArenaBlock {
+  std::byte* data = nullptr;
+  size_t bytes = 0;
+  uint64_t tag = 0;
+};
+
 // Many zero-filled blocks that live and die together (the packed weights of a prepared program), carved one after
 // another from a few large mappings: no allocation per block and no block zeroed twice (fresh mappings are zero).
 // The mappings start on 4 KiB pages, which a first touch gets at a steady cost, and are offered to huge pages once
 // written (advise_huge_pages). Blocks are 64-byte aligned and freed only with the arena. Thread-safe.
+//
+// An arena may start with blocks written before (packed weights mapped from a file that `keeper` keeps alive): a
+// request with the tag and size of one of them gets that block, already written, instead of a fresh one.
 class ZeroedArena {
  public:
   ZeroedArena() = default;
+  ZeroedArena(const std::vector<ArenaBlock>& written, std::shared_ptr<const void> keeper);
   ZeroedArena(const ZeroedArena&) = delete;
   ZeroedArena& operator=(const ZeroedArena&) = delete;
+
+  struct Allocation {
+    std::byte* data = nullptr;
+    bool written = false;  // one of the blocks the arena started with: its contents are already in place
+  };
   // Fails (npusim::Error naming `what`) when the memory cannot be had.
-  std::byte* allocate(size_t bytes, const char* what);
+  Allocation allocate(size_t bytes, const char* what, uint64_t tag = 0);
   // Offers the chunks to transparent huge pages once the blocks are written: the kernel may then merge their 4 KiB
   // pages in the background (khugepaged), without stalling the first touch.
   void advise_huge_pages();
-  size_t used_bytes() const;
+  size_t used_bytes() const;     // every block handed out
+  size_t written_bytes() const;  // the blocks handed out already written
+  // Every block handed out, in order.
+  std::vector<ArenaBlock> blocks() const;
 
  private:
   mutable std::mutex mutex_;
   std::vector<ZeroedMemory> chunks_;
   size_t free_ = 0;  // bytes left at the end of the last chunk
   size_t used_ = 0;
+  size_t written_used_ = 0;
+  std::unordered_map<uint64_t, ArenaBlock> written_;  // by tag
+  std::shared_ptr<const void> keeper_;
+  std::vector<ArenaBlock> handed_out_;
 };
 
 }  // namespace npusim

@@ -77,7 +77,8 @@ class SharedWeights {
 std::unique_ptr<Backend> make_session_backend(const SessionOptions& options) {
   return make_backend(options.backend, BackendOptions{.threads = options.threads,
                                                       .weights = options.quantize,
-                                                      .quantization_group = options.quantization_group});
+                                                      .quantization_group = options.quantization_group,
+                                                      .pack_cache = {}});
 }
 
 // The CPU backend reads float weights in place; int8 quantization and other backends make their own copies.

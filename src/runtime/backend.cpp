@@ -20,8 +20,10 @@ bool BackendCapabilities::supports(const std::string& op) const {
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options) {
   if (name == "cpu")
-    return std::make_unique<cpu::CpuBackend>(cpu::CpuOptions{
-        .threads = options.threads, .weights = options.weights, .quantization_group = options.quantization_group});
+    return std::make_unique<cpu::CpuBackend>(cpu::CpuOptions{.threads = options.threads,
+                                                             .weights = options.weights,
+                                                             .quantization_group = options.quantization_group,
+                                                             .pack_cache = options.pack_cache});
 #ifdef NPUSIM_HAVE_CUDA_BACKEND
   // The device is opened when a program is prepared, so capabilities are known on machines without a GPU.
   if (name == "cuda") {

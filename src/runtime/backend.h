@@ -38,6 +38,8 @@ struct KernelTiming {
 struct PrepareCost {
   double milliseconds = 0.0;
   int64_t packed_bytes = 0;
+  int64_t mapped_bytes = 0;        // of packed_bytes, mapped from packed-weights files instead of packed
+  std::vector<std::string> notes;  // what became of the packed-weights files, one line each
 };
 
 class PreparedProgram {
@@ -101,6 +103,8 @@ struct BackendOptions {
   int threads = 0;  // CPU threads counting the caller (the CPU backend, and host work of others); 0: all
   WeightQuantization weights = WeightQuantization::None;
   int64_t quantization_group = 0;  // 0: one scale per output channel
+  // CPU backend: a directory where packed weights are kept between processes (see backends/cpu/pack_cache.h).
+  std::string pack_cache;
 };
 
 // "cpu" (the default) or "cuda". Fails naming the backend when it is unknown or not built in.

@@ -403,6 +403,8 @@ PrepareCost DagExecutor::prepare_cost() const {
     const PrepareCost cost = stage->prepared->prepare_cost();
     total.milliseconds += cost.milliseconds;
     total.packed_bytes += cost.packed_bytes;
+    total.mapped_bytes += cost.mapped_bytes;
+    total.notes.insert(total.notes.end(), cost.notes.begin(), cost.notes.end());
   }
   return total;
 }

@@ -575,7 +575,7 @@ TEST(ZeroedArena, BlocksAreZeroAlignedAndDisjoint) {
   std::vector<std::pair<std::byte*, size_t>> blocks;
   for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{100}, size_t{5} << 20, size_t{40} << 20, size_t{3000},
                        size_t{0}, size_t{31} << 20}) {
-    std::byte* block = arena->allocate(bytes, "a test");
+    std::byte* block = arena->allocate(bytes, "a test").data;
     ASSERT_EQ(reinterpret_cast<uintptr_t>(block) % 64, 0u);
     for (size_t i = 0; i < bytes; i += 4093) ASSERT_EQ(block[i], std::byte{0});
     if (bytes) ASSERT_EQ(block[bytes - 1], std::byte{0});

@@ -53,9 +53,9 @@ TEST(PrepareMemory, PrefaultKeepsTheContentsAndMapsThePages) {
 
 TEST(PrepareMemory, ArenaBlocksAreAlignedZeroedAndCounted) {
   ZeroedArena arena;
-  std::byte* small = arena.allocate(1, "a test block");
-  std::byte* odd = arena.allocate(100, "a test block");
-  std::byte* large = arena.allocate(size_t{40} << 20, "a test block");  // larger than a chunk
+  std::byte* small = arena.allocate(1, "a test block").data;
+  std::byte* odd = arena.allocate(100, "a test block").data;
+  std::byte* large = arena.allocate(size_t{40} << 20, "a test block").data;  // larger than a chunk
   for (std::byte* block : {small, odd, large}) EXPECT_EQ(reinterpret_cast<uintptr_t>(block) % 64, 0u);
   EXPECT_EQ(odd, small + 64);
   EXPECT_EQ(arena.used_bytes(), 64u + 128u + (size_t{40} << 20));

@@ -426,10 +426,12 @@ WinogradConv::WinogradConv(const Geometry& g, const std::byte* weight, Elem weig
   for (int xi = 0; xi < alpha * alpha; ++xi)
     weights_.push_back(tiles_as_rows_ ? PackedMatrix::zeroed(GemmSide::B, Elem::F32, cin, cout)
                                       : PackedMatrix::zeroed(GemmSide::A, Elem::F32, cout, cin));
-  std::vector<PackedMatrix*> matrices;
-  for (PackedMatrix& m : weights_) matrices.push_back(&m);
-  prefault_storage(matrices, pool);
-  transform_weights(weight, weight_elem, pool, channel_scales);
+  if (!std::all_of(weights_.begin(), weights_.end(), [](const PackedMatrix& m) { return m.prewritten(); })) {
+    std::vector<PackedMatrix*> matrices;
+    for (PackedMatrix& m : weights_) matrices.push_back(&m);
+    prefault_storage(matrices, pool);
+    transform_weights(weight, weight_elem, pool, channel_scales);
+  }
   gemm_ = tiles_as_rows_
               ? PackedGemm({.m = tiles, .n = cout, .k = cin, .b_prepacked = true, .max_threads = 1}, scratch)
               : PackedGemm({.m = cout, .n = tiles, .k = cin, .a_prepacked = true, .max_threads = 1}, scratch);

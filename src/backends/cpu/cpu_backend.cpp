@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/pack_cache.h"
 #include "backends/cpu/packed_gemm.h"
 #include "compiler/graph_edit.h"
 #include "npusim/op_registry.h"
@@ -103,6 +105,7 @@ class CpuPreparedProgram final : public PreparedProgram {
       fail(graph_.source + ": the memory plan covers " + std::to_string(plan_.values.size()) +
            " values, the graph has " + std::to_string(graph_.values.size()));
     elems_ = value_storage_elems(graph_, floats_);
+    if (!options.pack_cache.empty()) open_pack_cache(program, weights);
     bind_weights(weights);
     state_.add(resolve_state(state, share_state_with));
     place_values();
@@ -391,26 +394,54 @@ class CpuPreparedProgram final : public PreparedProgram {
   }
 
   void build_kernels() {
-    const PackingArenaScope packing(packed_weights_);
-    for (const Node& node : graph_.nodes) {
-      PreparedKernel prepared = make_kernel(context_for(node));
-      if (!prepared.kernel.applies_row_scales && reads_scaled_weight(node)) {
-        for (ValueId id : node.inputs)
-          if (!row_scales_[static_cast<size_t>(id)].empty()) materialize_scaled_weight(id);
-        prepared = make_kernel(context_for(node));
-      }
-      const std::vector<size_t> conflicts = conflicting_outputs(context_for(node), prepared.kernel);
-      if (!conflicts.empty()) {
-        for (size_t o : conflicts) {
-          const ValueId id = node.outputs[o];
-          view_of_[static_cast<size_t>(id)] = kNoValue;
-          addresses_[static_cast<size_t>(id)] = own_buffer(storage_bytes(id));
+    std::string note;
+    packed_weights_ = pack_cache_ ? pack_cache_->arena_for(pack_key_, note) : std::make_shared<ZeroedArena>();
+    if (!note.empty()) prepare_cost_.notes.push_back(note);
+    {
+      PackingArenaScope packing(packed_weights_);
+      const auto make = [&](const Node& node) {
+        packing.set_owner(node.name);  // a kernel made again asks for the same packed blocks
+        return make_kernel(context_for(node));
+      };
+      for (const Node& node : graph_.nodes) {
+        PreparedKernel prepared = make(node);
+        if (!prepared.kernel.applies_row_scales && reads_scaled_weight(node)) {
+          for (ValueId id : node.inputs)
+            if (!row_scales_[static_cast<size_t>(id)].empty()) materialize_scaled_weight(id);
+          prepared = make(node);
         }
-        prepared = make_kernel(context_for(node));
+        const std::vector<size_t> conflicts = conflicting_outputs(context_for(node), prepared.kernel);
+        if (!conflicts.empty()) {
+          for (size_t o : conflicts) {
+            const ValueId id = node.outputs[o];
+            view_of_[static_cast<size_t>(id)] = kNoValue;
+            addresses_[static_cast<size_t>(id)] = own_buffer(storage_bytes(id));
+          }
+          prepared = make(node);
+        }
+        kernels_.push_back(std::move(prepared));
       }
-      kernels_.push_back(std::move(prepared));
     }
     packed_weights_->advise_huge_pages();  // written now: the kernel may merge their pages in the background
+    if (pack_cache_ && packed_weights_->used_bytes() > 0) {
+      if (packed_weights_->written_bytes() < packed_weights_->used_bytes())
+        prepare_cost_.notes.push_back(pack_cache_->save(pack_key_, *packed_weights_));
+      else
+        prepare_cost_.notes.push_back("mapped " + pack_cache_->file_for(pack_key_));
+    }
+  }
+
+  // Keys this program's packed weights for the files in options_.pack_cache.
+  void open_pack_cache(const Program& program, const std::vector<std::pair<ValueId, Tensor>>& weights) {
+    if (build_id().empty()) {
+      prepare_cost_.notes.push_back("packed weights are not kept in " + options_.pack_cache +
+                                    ": this build carries no build id to tell its packing from another's");
+      return;
+    }
+    const std::string packing_options = "weights " + std::to_string(static_cast<int>(options_.weights)) + ", group " +
+                                        std::to_string(options_.quantization_group);
+    pack_key_ = pack_key(write_program_bytes(program), packing_options, weights, pool_);
+    pack_cache_.emplace(options_.pack_cache);
   }
 
   // ---- state kept between runs (see PreparedProgram::bind_state) ----
@@ -429,8 +460,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     const auto start = std::chrono::steady_clock::now();
     kernels_.clear();
     timings_.clear();
-    packed_weights_ = std::make_shared<ZeroedArena>();  // the old kernels' packed weights go with them
-    build_kernels();
+    build_kernels();  // in a new arena: the old kernels' packed weights go with them
     scratch_.allocate(pool_.size());
     prefault_run_memory();
     for (const PreparedKernel& k : kernels_) timings_.push_back({k.node->name, k.node->op, 0.0});
@@ -508,6 +538,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     prepare_cost_.milliseconds +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     prepare_cost_.packed_bytes = static_cast<int64_t>(packed_weights_->used_bytes());
+    prepare_cost_.mapped_bytes = static_cast<int64_t>(packed_weights_->written_bytes());
   }
 
   StateSlots<AlignedBuffer> state_;
@@ -530,6 +561,8 @@ class CpuPreparedProgram final : public PreparedProgram {
   std::vector<PreparedKernel> kernels_;
   // The weights the kernels pack at prepare time (each packed matrix keeps it alive).
   std::shared_ptr<ZeroedArena> packed_weights_ = std::make_shared<ZeroedArena>();
+  std::optional<PackCache> pack_cache_;  // with options_.pack_cache
+  PackKey pack_key_;
   PrepareCost prepare_cost_;
   std::vector<KernelTiming> timings_;
   bool profiling_ = false;

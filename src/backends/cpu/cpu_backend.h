@@ -19,6 +19,9 @@ struct CpuOptions {
   bool poison_memory = false;
   WeightQuantization weights = WeightQuantization::None;
   int64_t quantization_group = 0;  // 0: one scale per output channel
+  // A directory of packed-weights files (see pack_cache.h): a program prepared again maps what an earlier preparation
+  // packed instead of packing again. Empty: pack at every preparation.
+  std::string pack_cache;
 };
 
 class CpuBackend : public Backend {

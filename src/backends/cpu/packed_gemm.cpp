@@ -848,7 +848,27 @@ struct WorkerBuffers {
 }  // namespace
 
 namespace {
-thread_local std::shared_ptr<ZeroedArena> g_packing_arena;  // see PackingArenaScope
+
+// See PackingArenaScope: the arena, the owner named last, and how many blocks that owner has asked for.
+thread_local std::shared_ptr<ZeroedArena> g_packing_arena;
+thread_local std::string g_packing_owner;
+thread_local uint64_t g_owner_blocks = 0;
+
+// FNV-1a over the owner's name, then its block count and the operand's shape; never 0 (no tag).
+uint64_t block_tag(GemmSide side, Elem elem, int64_t rows, int64_t cols) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  const auto mix = [&hash](uint64_t value) {
+    for (int byte = 0; byte < 8; ++byte) hash = (hash ^ ((value >> (8 * byte)) & 0xff)) * 0x100000001b3ull;
+  };
+  for (const char c : g_packing_owner) hash = (hash ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  mix(g_owner_blocks);
+  mix(static_cast<uint64_t>(side));
+  mix(static_cast<uint64_t>(elem));
+  mix(static_cast<uint64_t>(rows));
+  mix(static_cast<uint64_t>(cols));
+  return hash == 0 ? 1 : hash;
+}
+
 }  // namespace
 
 PackedMatrix PackedMatrix::zeroed(GemmSide side, Elem elem, int64_t rows, int64_t cols) {
@@ -866,7 +886,11 @@ PackedMatrix PackedMatrix::zeroed(GemmSide side, Elem elem, int64_t rows, int64_
   m.panel_bytes_ = static_cast<size_t>(round_up(std::max<int64_t>(1, depth * width) * es, 64));
   m.bytes_ = m.panel_bytes_ * static_cast<size_t>(ceil_div(extent, width));
   if (const std::shared_ptr<ZeroedArena>& arena = g_packing_arena) {
-    m.data_ = arena->allocate(m.bytes_, "packed weights");
+    const ZeroedArena::Allocation block =
+        arena->allocate(m.bytes_, "packed weights", block_tag(side, elem, rows, cols));
+    ++g_owner_blocks;
+    m.data_ = block.data;
+    m.prewritten_ = block.written;
     m.owner_ = arena;
   } else {
     auto buffer = std::make_shared<AlignedBuffer>(m.bytes_);
@@ -876,11 +900,21 @@ PackedMatrix PackedMatrix::zeroed(GemmSide side, Elem elem, int64_t rows, int64_
   return m;
 }
 
-PackingArenaScope::PackingArenaScope(std::shared_ptr<ZeroedArena> arena) : previous_(std::move(g_packing_arena)) {
+PackingArenaScope::PackingArenaScope(std::shared_ptr<ZeroedArena> arena)
+    : previous_(std::move(g_packing_arena)), previous_owner_(g_packing_owner), previous_count_(g_owner_blocks) {
   g_packing_arena = std::move(arena);
 }
 
-PackingArenaScope::~PackingArenaScope() { g_packing_arena = std::move(previous_); }
+void PackingArenaScope::set_owner(const std::string& owner) {
+  g_packing_owner = owner;
+  g_owner_blocks = 0;
+}
+
+PackingArenaScope::~PackingArenaScope() {
+  g_packing_arena = std::move(previous_);
+  g_packing_owner = std::move(previous_owner_);
+  g_owner_blocks = previous_count_;
+}
 
 namespace {
 
@@ -948,9 +982,10 @@ PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem,
                                 bool transposed, ThreadPool* pool, const double* line_scales) {
   require(!line_scales || elem == Elem::F32, "scaled lines are packed from fp32 only");
   PackedMatrix m = zeroed(side, elem, rows, cols);  // the padding stays zero
-  prefault_storage({&m}, pool);
   if (ld == 0) ld = transposed ? rows : cols;
   require(ld >= (transposed ? rows : cols), "the row stride is smaller than a row");
+  if (m.prewritten()) return m;
+  prefault_storage({&m}, pool);
   const int64_t width = side == GemmSide::A ? MR : NR;
   const int64_t depth = side == GemmSide::A ? cols : rows;
   const int64_t extent = side == GemmSide::A ? rows : cols;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -53,6 +54,10 @@ class PackedMatrix {
   int64_t cols() const { return cols_; }                                  // logical cols: k for A, n for B
   int64_t depth() const { return side_ == GemmSide::A ? cols_ : rows_; }  // k
   size_t bytes() const { return bytes_; }
+  // The values are in place already: the storage came written from the packing arena (packed weights mapped from a
+  // file, see PackingArenaScope); pack() then returns it as it is, and callers that compute values into a zeroed()
+  // operand skip that.
+  bool prewritten() const { return prewritten_; }
   // Panel `p` (k-major, kGemmTileRows or kGemmTileCols values per k step) in the packed storage type.
   const std::byte* panel(int64_t p) const { return data_ + static_cast<size_t>(p) * panel_bytes_; }
   std::byte* mutable_panel(int64_t p) { return data_ + static_cast<size_t>(p) * panel_bytes_; }
@@ -72,6 +77,7 @@ class PackedMatrix {
   std::shared_ptr<const void> owner_;  // what keeps the storage alive: a buffer of its own, or the arena
   std::byte* data_ = nullptr;
   size_t bytes_ = 0;
+  bool prewritten_ = false;
 };
 
 // Maps the storage of freshly made packed operands in before they are written, in pieces over the pool's threads
@@ -81,15 +87,21 @@ void prefault_storage(const std::vector<PackedMatrix*>& matrices, ThreadPool* po
 // While a scope is alive, the PackedMatrix::pack and ::zeroed calls of its thread take their storage from `arena`
 // (each matrix keeps the arena alive), so that the weights a program packs at prepare time share a few large
 // mappings; outside any scope each matrix has a buffer of its own. Scopes nest.
+// Each block is tagged with the owner named last (a node), its place among that owner's blocks and the operand's
+// shape: an arena that starts with blocks written before (see ZeroedArena) hands the same owner the same blocks.
 class PackingArenaScope {
  public:
   explicit PackingArenaScope(std::shared_ptr<ZeroedArena> arena);
   ~PackingArenaScope();
   PackingArenaScope(const PackingArenaScope&) = delete;
   PackingArenaScope& operator=(const PackingArenaScope&) = delete;
+  // Names what packs next; its blocks are counted from the first again.
+  void set_owner(const std::string& owner);
 
  private:
   std::shared_ptr<ZeroedArena> previous_;
+  std::string previous_owner_;
+  uint64_t previous_count_ = 0;
 };
 
 // An operand read in place and packed during the product: element (r, c) of its logical [rows, cols] matrix is

@@ -1,0 +1,317 @@
+#include "backends/cpu/pack_cache.h"
+
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <unordered_map>
+
+#include "core/cpu_features.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace npusim::cpu {
+
+namespace {
+
+constexpr std::array<char, 8> kMagic = {'N', 'P', 'U', 'P', 'A', 'C', 'K', '1'};
+constexpr uint64_t kDataAlignment = 4096;  // where the blocks start in the file: a page, so they map in place
+constexpr uint64_t kBlockAlignment = 64;   // each block, as the arena aligns them
+
+// The file: this header, `blocks` entries, then the blocks' bytes from `data_offset` on. Little-endian, as written.
+struct FileHeader {
+  std::array<char, 8> magic;
+  uint64_t key_high, key_low;
+  uint64_t blocks;
+  uint64_t data_offset;
+  uint64_t data_bytes;
+};
+
+struct FileBlock {
+  uint64_t tag;
+  uint64_t offset;  // from data_offset
+  uint64_t bytes;
+};
+
+uint64_t round_up(uint64_t value, uint64_t to) { return (value + to - 1) / to * to; }
+
+std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// A whole file mapped private and writable: a block written again (which packing never does with a block that came
+// written) changes this process's copy of the page, not the file.
+struct MappedFile {
+  std::byte* data = nullptr;
+  size_t size = 0;
+  ~MappedFile() {
+    if (data) ::munmap(data, size);
+  }
+};
+
+// Maps the pages in now, for reading: in one call where the kernel can (MAP_POPULATE on a writable private mapping
+// would copy every page), else by reading a byte of each page (a fault maps its neighbours in too).
+void map_in_for_reading(const std::byte* data, size_t bytes) {
+#ifdef MADV_POPULATE_READ
+  if (::madvise(const_cast<std::byte*>(data), bytes, MADV_POPULATE_READ) == 0) return;
+#endif
+  unsigned char sum = 0;
+  for (size_t at = 0; at < bytes; at += 4096) sum ^= *reinterpret_cast<const volatile unsigned char*>(data + at);
+  (void)sum;
+}
+
+struct BuildIdSearch {
+  uintptr_t address;
+  std::string id;
+};
+
+int find_build_id(dl_phdr_info* info, size_t, void* data) {
+  auto* search = static_cast<BuildIdSearch*>(data);
+  bool contains = false;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& segment = info->dlpi_phdr[i];
+    const uintptr_t begin = info->dlpi_addr + segment.p_vaddr;
+    if (segment.p_type == PT_LOAD && search->address >= begin && search->address < begin + segment.p_memsz)
+      contains = true;
+  }
+  if (!contains) return 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& segment = info->dlpi_phdr[i];
+    if (segment.p_type != PT_NOTE) continue;
+    const auto* at = reinterpret_cast<const unsigned char*>(info->dlpi_addr + segment.p_vaddr);
+    const unsigned char* end = at + segment.p_memsz;
+    while (at + sizeof(ElfW(Nhdr)) <= end) {
+      ElfW(Nhdr) note;
+      std::memcpy(&note, at, sizeof note);
+      const unsigned char* name = at + sizeof note;
+      const unsigned char* description = name + round_up(note.n_namesz, 4);
+      if (description + note.n_descsz > end) break;
+      if (note.n_type == NT_GNU_BUILD_ID && note.n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+        search->id.assign(reinterpret_cast<const char*>(description), note.n_descsz);
+        return 1;
+      }
+      at = description + round_up(note.n_descsz, 4);
+    }
+  }
+  return 1;
+}
+
+std::string features_text() {
+  const CpuFeatures& f = cpu_features();
+  std::string text;
+  for (const bool feature :
+       {f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vl, f.avx512bf16, f.avx512vnni, f.amx, f.amd})
+    text += feature ? '1' : '0';
+  return text;
+}
+
+// Hashes of the bound weights' bytes in pieces of 4 MiB, the pieces spread over the pool.
+std::vector<uint64_t> weight_piece_hashes(const std::vector<std::pair<ValueId, Tensor>>& weights, ThreadPool& pool) {
+  constexpr size_t kPiece = size_t{4} << 20;
+  std::vector<std::pair<const std::byte*, size_t>> pieces;
+  for (const auto& [id, tensor] : weights)
+    for (size_t at = 0; at < tensor.nbytes(); at += kPiece)
+      pieces.emplace_back(tensor.bytes() + at, std::min(kPiece, tensor.nbytes() - at));
+  std::vector<uint64_t> hashes(pieces.size());
+  pool.parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      const auto& [data, bytes] = pieces[static_cast<size_t>(i)];
+      hashes[static_cast<size_t>(i)] = XXH3_64bits(data, bytes);
+    }
+  });
+  return hashes;
+}
+
+// Reads the file's header and block table and checks them against the file's size; empty `why` when usable.
+std::vector<FileBlock> read_table(int fd, const PackKey& key, uint64_t file_size, FileHeader& header,
+                                  std::string& why) {
+  if (::pread(fd, &header, sizeof header, 0) != static_cast<ssize_t>(sizeof header)) {
+    why = "shorter than its header";
+    return {};
+  }
+  if (header.magic != kMagic) {
+    why = "not a packed-weights file of this version";
+    return {};
+  }
+  if (header.key_high != key.high || header.key_low != key.low) {
+    why = "made for another key";
+    return {};
+  }
+  const uint64_t table_end = sizeof header + header.blocks * sizeof(FileBlock);
+  if (header.blocks > file_size / sizeof(FileBlock) || header.data_offset % kDataAlignment != 0 ||
+      header.data_offset < table_end || header.data_bytes > file_size - std::min(file_size, header.data_offset) ||
+      header.data_offset > file_size) {
+    why = "truncated or damaged (" + std::to_string(file_size) + " bytes)";
+    return {};
+  }
+  std::vector<FileBlock> table(header.blocks);
+  const auto table_bytes = static_cast<ssize_t>(table.size() * sizeof(FileBlock));
+  if (::pread(fd, table.data(), static_cast<size_t>(table_bytes), sizeof header) != table_bytes) {
+    why = "truncated block table";
+    return {};
+  }
+  for (const FileBlock& block : table)
+    if (block.offset % kBlockAlignment != 0 || block.offset > header.data_bytes ||
+        block.bytes > header.data_bytes - block.offset) {
+      why = "a block lies outside the file's data";
+      return {};
+    }
+  return table;
+}
+
+// Writes all of [data, data + bytes) at `offset`.
+bool write_all(int fd, const void* data, size_t bytes, uint64_t offset) {
+  const auto* at = static_cast<const std::byte*>(data);
+  while (bytes > 0) {
+    const ssize_t written = ::pwrite(fd, at, bytes, static_cast<off_t>(offset));
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) return false;
+    at += written;
+    offset += static_cast<uint64_t>(written);
+    bytes -= static_cast<size_t>(written);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string PackKey::hex() const {
+  char text[33];
+  std::snprintf(text, sizeof text, "%016llx%016llx", static_cast<unsigned long long>(high),
+                static_cast<unsigned long long>(low));
+  return text;
+}
+
+std::string build_id() {
+  static const std::string id = [] {
+    BuildIdSearch search{reinterpret_cast<uintptr_t>(&find_build_id), {}};
+    dl_iterate_phdr(find_build_id, &search);
+    return search.id;
+  }();
+  return id;
+}
+
+PackKey pack_key(const std::vector<uint8_t>& program_bytes, const std::string& options,
+                 const std::vector<std::pair<ValueId, Tensor>>& weights, ThreadPool& pool) {
+  XXH3_state_t* state = XXH3_createState();
+  if (!state) fail("cannot allocate a hash state for the packed-weights key");
+  XXH3_128bits_reset(state);
+  const auto add_text = [state](const std::string& text) {
+    const uint64_t size = text.size();
+    XXH3_128bits_update(state, &size, sizeof size);
+    XXH3_128bits_update(state, text.data(), text.size());
+  };
+  const auto add_number = [state](uint64_t value) { XXH3_128bits_update(state, &value, sizeof value); };
+  add_text("npusim packed weights 1");
+  add_text(build_id());
+  add_text(features_text());
+  add_text(options);
+  add_number(program_bytes.size());
+  XXH3_128bits_update(state, program_bytes.data(), program_bytes.size());
+  for (const auto& [id, tensor] : weights) {
+    add_number(static_cast<uint64_t>(id));
+    add_number(static_cast<uint64_t>(tensor.dtype()));
+    add_number(tensor.shape().size());
+    for (const int64_t extent : tensor.shape()) add_number(static_cast<uint64_t>(extent));
+  }
+  const std::vector<uint64_t> pieces = weight_piece_hashes(weights, pool);
+  XXH3_128bits_update(state, pieces.data(), pieces.size() * sizeof(uint64_t));
+  const XXH128_hash_t hash = XXH3_128bits_digest(state);
+  XXH3_freeState(state);
+  return {hash.high64, hash.low64};
+}
+
+std::string PackCache::file_for(const PackKey& key) const { return directory_ + "/" + key.hex() + ".npupack"; }
+
+std::shared_ptr<ZeroedArena> PackCache::arena_for(const PackKey& key, std::string& note) const {
+  const std::string path = file_for(key);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno != ENOENT) note = system_error("cannot open " + path);
+    return std::make_shared<ZeroedArena>();
+  }
+  struct stat info {};
+  FileHeader header{};
+  std::string why;
+  std::vector<FileBlock> table;
+  if (::fstat(fd, &info) != 0)
+    why = system_error("cannot read its size");
+  else
+    table = read_table(fd, key, static_cast<uint64_t>(info.st_size), header, why);
+  auto mapped = std::make_shared<MappedFile>();
+  if (why.empty() && header.data_bytes > 0) {
+    mapped->size = static_cast<size_t>(header.data_offset + header.data_bytes);
+    void* data = ::mmap(nullptr, mapped->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (data == MAP_FAILED) {
+      mapped->size = 0;
+      why = system_error("cannot map it");
+    } else {
+      mapped->data = static_cast<std::byte*>(data);
+      map_in_for_reading(mapped->data, mapped->size);
+    }
+  }
+  ::close(fd);
+  if (!why.empty()) {
+    note = "ignored " + path + ": " + why;
+    return std::make_shared<ZeroedArena>();
+  }
+  std::vector<ArenaBlock> blocks;
+  for (const FileBlock& block : table)
+    blocks.push_back({mapped->data + header.data_offset + block.offset, static_cast<size_t>(block.bytes), block.tag});
+  return std::make_shared<ZeroedArena>(blocks, mapped);
+}
+
+std::string PackCache::save(const PackKey& key, const ZeroedArena& arena) const {
+  const std::string path = file_for(key);
+  // The last block of each tag: a node's kernel made again packs its weights again.
+  std::vector<ArenaBlock> blocks;
+  std::unordered_map<uint64_t, size_t> index;
+  for (const ArenaBlock& block : arena.blocks()) {
+    if (block.tag == 0) continue;
+    const auto [it, added] = index.emplace(block.tag, blocks.size());
+    if (added)
+      blocks.push_back(block);
+    else
+      blocks[it->second] = block;
+  }
+  std::vector<FileBlock> table;
+  uint64_t data_bytes = 0;
+  for (const ArenaBlock& block : blocks) {
+    table.push_back({block.tag, data_bytes, block.bytes});
+    data_bytes = round_up(data_bytes + block.bytes, kBlockAlignment);
+  }
+  FileHeader header{kMagic, key.high, key.low, table.size(), 0, data_bytes};
+  header.data_offset = round_up(sizeof header + table.size() * sizeof(FileBlock), kDataAlignment);
+
+  std::error_code error;
+  std::filesystem::create_directories(directory_, error);
+  if (error) return "not saved to " + path + ": cannot create " + directory_ + ": " + error.message();
+  std::string temporary = directory_ + "/.npupack-XXXXXX";
+  const int fd = ::mkstemp(temporary.data());
+  if (fd < 0) return system_error("not saved to " + path + ": cannot create a file in " + directory_);
+  bool written = write_all(fd, &header, sizeof header, 0) &&
+                 write_all(fd, table.data(), table.size() * sizeof(FileBlock), sizeof header) &&
+                 ::ftruncate(fd, static_cast<off_t>(header.data_offset + data_bytes)) == 0;
+  for (size_t i = 0; written && i < blocks.size(); ++i)
+    written = write_all(fd, blocks[i].data, blocks[i].bytes, header.data_offset + table[i].offset);
+  std::string failure = written ? "" : system_error("cannot write " + temporary);
+  if (::close(fd) != 0 && failure.empty()) failure = system_error("cannot write " + temporary);
+  if (failure.empty() && std::rename(temporary.c_str(), path.c_str()) != 0)
+    failure = system_error("cannot rename " + temporary);
+  if (!failure.empty()) {
+    ::unlink(temporary.c_str());
+    return "not saved to " + path + ": " + failure;
+  }
+  char size[32];
+  std::snprintf(size, sizeof size, "%.2f MB", static_cast<double>(header.data_offset + data_bytes) / 1e6);
+  return "saved " + path + " (" + size + ")";
+}
+
+}  // namespace npusim::cpu

@@ -1,0 +1,83 @@
+// npusim run and bench with --pack-cache: the first run saves the packed weights, the next maps them and writes the
+// same outputs bit for bit; other weights get a file of their own; a bad directory argument fails naming the flag.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "e2e_util.h"
+
+namespace npusim {
+namespace {
+
+namespace fs = std::filesystem;
+using test::cli;
+
+const std::string kResNet18 = test::kFixtures + "/ir/resnet18_ir.json";
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+size_t files_in(const std::string& dir) {
+  return static_cast<size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}));
+}
+
+test::CommandResult run_resnet(const std::string& cache, const std::string& outputs, int seed) {
+  return test::run_command(cli() + " run " + kResNet18 + " --random-weights " + std::to_string(seed) +
+                           " --random-inputs 2 --threads 2 --outputs " + outputs + " --pack-cache " + cache);
+}
+
+TEST(PackCacheCli, SecondRunMapsThePackedWeightsAndWritesTheSameOutputs) {
+  const std::string dir = test::fresh_work_dir();
+  const std::string cache = dir + "/packs";
+  const auto first = run_resnet(cache, dir + "/first.safetensors", 1);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("pack cache: saved " + cache + "/"), std::string::npos) << first.output;
+  ASSERT_EQ(files_in(cache), 1u);
+
+  const auto second = run_resnet(cache, dir + "/second.safetensors", 1);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("pack cache: mapped " + cache + "/"), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("MB of them mapped from the pack cache"), std::string::npos) << second.output;
+  const std::string expected = file_bytes(dir + "/first.safetensors");
+  ASSERT_FALSE(expected.empty());
+  EXPECT_TRUE(file_bytes(dir + "/second.safetensors") == expected);
+
+  const auto other = run_resnet(cache, dir + "/other.safetensors", 3);
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_NE(other.output.find("pack cache: saved"), std::string::npos) << other.output;
+  EXPECT_EQ(files_in(cache), 2u);
+  EXPECT_FALSE(file_bytes(dir + "/other.safetensors") == expected);
+
+  const auto bench = test::run_command(cli() + " bench " + kResNet18 +
+                                       " --random-weights 1 --random-inputs 2 --threads 2 --iters 1 --warmup 0 "
+                                       "--no-probe --json --pack-cache " +
+                                       cache);
+  ASSERT_EQ(bench.exit_code, 0) << bench.output;
+  const std::string last = bench.output.substr(bench.output.rfind('{'));
+  const nlohmann::json json = nlohmann::json::parse(last, nullptr, false);
+  ASSERT_TRUE(json.is_object()) << bench.output;
+  EXPECT_GT(json["mapped_mb"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(json["mapped_mb"].get<double>(), json["packed_mb"].get<double>());
+  EXPECT_GT(json["prepare_ms"].get<double>(), 0.0);
+}
+
+TEST(PackCacheCli, BadArgumentsFailNamingTheFlag) {
+  const auto empty =
+      test::run_command(cli() + " run " + kResNet18 + " --random-weights 1 --random-inputs 2 --pack-cache ''");
+  EXPECT_NE(empty.exit_code, 0);
+  EXPECT_LT(empty.exit_code, 128) << empty.output;
+  EXPECT_NE(empty.output.find("--pack-cache"), std::string::npos) << empty.output;
+  const auto model =
+      test::run_command(cli() + " bench --model " + test::work_dir() + " --pack-cache " + test::work_dir());
+  EXPECT_NE(model.exit_code, 0);
+  EXPECT_LT(model.exit_code, 128) << model.output;
+  EXPECT_NE(model.output.find("'--pack-cache' applies to graphs"), std::string::npos) << model.output;
+}
+
+}  // namespace
+}  // namespace npusim
