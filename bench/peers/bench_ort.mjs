@@ -52,6 +52,7 @@ function readSafetensors(file) {
 }
 
 async function timeSession(modelPath, feeds, threads, options) {
+  const createStart = process.hrtime.bigint();
   const session = await ort.InferenceSession.create(modelPath, {
     executionProviders: ['cpu'],
     intraOpNumThreads: threads,
@@ -59,6 +60,7 @@ async function timeSession(modelPath, feeds, threads, options) {
     executionMode: 'sequential',
     graphOptimizationLevel: 'all',
   });
+  const createMs = Number(process.hrtime.bigint() - createStart) / 1e6;
   let outputs;
   for (let i = 0; i < options.warmup; ++i) outputs = await session.run(feeds);
   const ms = [];
@@ -70,7 +72,7 @@ async function timeSession(modelPath, feeds, threads, options) {
   ms.sort((a, b) => a - b);
   const result = { runner: 'onnxruntime', version: ort.env.versions?.common ?? 'unknown', threads,
                    iters: options.iters, min_ms: ms[0], median_ms: ms[Math.floor(ms.length / 2)],
-                   max_ms: ms[ms.length - 1] };
+                   max_ms: ms[ms.length - 1], create_ms: createMs };
   if (options.reference) {
     const reference = Object.values(readSafetensors(options.reference))[0].data;
     const output = outputs[session.outputNames[0]].data;
