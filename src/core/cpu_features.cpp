@@ -8,6 +8,8 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define NPUSIM_FEATURES_X86 1
 #endif
 
@@ -30,11 +32,16 @@ bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
 
 constexpr int kEax = 0, kEcx = 2, kEdx = 3;
 
-// AMX needs the tile bit of CPUID leaf 7 and the OS saving the tile state (XCR0 bits 17 and 18).
+// AMX needs the tile and bf16 bits of CPUID leaf 7, the OS saving the tile state (XCR0 bits 17 and 18), and (Linux
+// 5.16 on) the process's permission to use the tile data, asked for once here.
 bool amx_usable() {
-  if (!cpuid_bit(7, 0, kEdx, 24) || !cpuid_bit(1, 0, 2, 27)) return false;  // AMX-TILE, OSXSAVE
+  if (!cpuid_bit(7, 0, kEdx, 24) || !cpuid_bit(7, 0, kEdx, 22) || !cpuid_bit(1, 0, 2, 27))
+    return false;  // AMX-TILE, AMX-BF16, OSXSAVE
   constexpr uint64_t kTileState = (uint64_t{1} << 17) | (uint64_t{1} << 18);
-  return (read_xcr0() & kTileState) == kTileState;
+  if ((read_xcr0() & kTileState) != kTileState) return false;
+  constexpr long kRequestPermission = 0x1023;  // ARCH_REQ_XCOMP_PERM
+  constexpr long kTileData = 18;               // XFEATURE_XTILEDATA
+  return ::syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
 }
 
 CpuFeatures detect() {
@@ -62,9 +69,10 @@ CpuFeatures capped(CpuFeatures f) {
   const char* cap = std::getenv("NPUSIM_CPU_ISA");
   if (!cap || !*cap) return f;
   const std::string isa = cap;
-  if (isa != "portable" && isa != "avx2" && isa != "avx512")
-    fail("NPUSIM_CPU_ISA must be portable, avx2 or avx512, got '" + isa + "'");
-  if (isa != "avx512") f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512vnni = f.amx = false;
+  if (isa != "portable" && isa != "avx2" && isa != "avx512" && isa != "amx")
+    fail("NPUSIM_CPU_ISA must be portable, avx2, avx512 or amx, got '" + isa + "'");
+  if (isa != "amx") f.amx = false;
+  if (isa != "avx512" && isa != "amx") f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512vnni = false;
   if (isa == "portable") f.avx2 = f.fma = f.f16c = false;
   return f;
 }

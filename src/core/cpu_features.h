@@ -1,6 +1,6 @@
 #pragma once
 // The vector extensions this CPU offers (and the OS enables), detected once; every kernel that picks an
-// implementation at run time asks here. NPUSIM_CPU_ISA=portable|avx2|avx512 caps them (to measure or test the
+// implementation at run time asks here. NPUSIM_CPU_ISA=portable|avx2|avx512|amx caps them (to measure or test the
 // kernels an older CPU would get); an unknown value is an error.
 
 namespace npusim {

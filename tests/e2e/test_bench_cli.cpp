@@ -163,7 +163,7 @@ TEST(BenchCli, IsaCapChoosesOlderKernels) {
   const auto bad = test::run_command("NPUSIM_CPU_ISA=sse9 " + cli() + " bench " + tiny_graph() +
                                      " --random-weights 1 --random-inputs 2");
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
-  EXPECT_NE(bad.output.find("NPUSIM_CPU_ISA must be portable, avx2 or avx512, got 'sse9'"), std::string::npos)
+  EXPECT_NE(bad.output.find("NPUSIM_CPU_ISA must be portable, avx2, avx512 or amx, got 'sse9'"), std::string::npos)
       << bad.output;
 }
 

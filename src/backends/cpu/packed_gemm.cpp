@@ -60,6 +60,13 @@ PairKernel avx512_kernel(Elem b_elem, bool pair);  // packed_gemm_avx512.cpp
 using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
                                 int64_t ldc, bool accumulate);
 Bf16PairKernel avx512_bf16_pair_kernel(bool pair);  // packed_gemm_avx512.cpp
+// packed_gemm_amx.cpp: this thread's tile registers set up for amx_bf16_tiles, and given back.
+void amx_configure();
+void amx_release();
+// rows x cols (1 or 2 each) tiles of 16 x 16 sums at c (row stride ldc) (+)= A · B over depth_tiles tiles of 32
+// depth values: A bf16 row-major (a_ld values per row), B panels in depth pairs (b1 the panel after b0).
+void amx_bf16_tiles(int rows, int cols, int64_t depth_tiles, const uint16_t* a, int64_t a_ld, const uint32_t* b0,
+                    const uint32_t* b1, float* c, int64_t ldc, bool accumulate);
 }  // namespace gemm_detail
 #endif
 
@@ -206,9 +213,11 @@ __attribute__((target("avx2,fma"))) void micro_column_avx2(int64_t kc, const flo
 bool cpu_has_avx2() { return cpu_features().avx2_fma_f16c(); }
 bool cpu_has_avx512() { return cpu_features().avx512(); }
 bool cpu_has_avx512_bf16() { return cpu_features().avx512() && cpu_features().avx512bf16; }
+bool cpu_has_amx() { return cpu_has_avx512_bf16() && cpu_features().amx; }
 #else
 bool cpu_has_avx2() { return false; }
 bool cpu_has_avx512() { return false; }
+bool cpu_has_amx() { return false; }
 #endif
 
 std::atomic<GemmKernelChoice> g_choice{GemmKernelChoice::Best};
@@ -217,6 +226,7 @@ std::atomic<GemmKernelChoice> g_choice{GemmKernelChoice::Best};
 GemmKernelChoice active_kernel() {
   const GemmKernelChoice choice = g_choice.load(std::memory_order_relaxed);
   if (choice == GemmKernelChoice::Best) {
+    if (kPreferAvx512 && cpu_has_amx()) return GemmKernelChoice::Amx;
     if (kPreferAvx512 && cpu_has_avx512()) return GemmKernelChoice::Avx512;
     return cpu_has_avx2() ? GemmKernelChoice::Avx2 : GemmKernelChoice::Portable;
   }
@@ -1054,7 +1064,8 @@ PackedGemm::PackedGemm(const GemmSpec& spec, ScratchSpace& scratch) : spec_(spec
   const int64_t max_depth = spec.n <= 4 * NR ? kMaxDepthBlockFewColumns : kMaxDepthBlock;
   const int64_t depth_blocks = std::max<int64_t>(1, ceil_div(spec.k, max_depth));
   kc_ = std::max<int64_t>(1, ceil_div(spec.k, depth_blocks));
-  if (kc_ < spec.k) kc_ = round_up(kc_, 2);  // every depth block starts at an even depth (bf16 pairs)
+  // Every depth block starts at a multiple of 32: an even depth for bf16 pairs, a whole tile for AMX.
+  if (kc_ < spec.k) kc_ = round_up(kc_, 32);
   mc_ = std::min(kMaxRowBlock, round_up(std::max<int64_t>(spec.m, 1), MR));
   nc_ = std::min(kMaxColBlock, round_up(std::max<int64_t>(spec.n, 1), NR));
   if (!spec.b_prepacked) {
@@ -1189,12 +1200,86 @@ bool bf16_pair_operands(const Operands& ops) {
   return a && b && a->elem == Elem::BF16 && !a->transposed && b->elem == Elem::BF16 && b->transposed;
 }
 
+#ifdef NPUSIM_GEMM_X86
+// ---- AMX tiles (bf16 pairs on 16 x 16 tiles) ----
+
+constexpr int64_t kAmxRows = 16;   // rows of A and of the sums per tile
+constexpr int64_t kAmxDepth = 32;  // depth values of A per tile: 16 pairs of B
+
+// Whether the worker buffers hold the AMX layouts: B panels padded to whole tiles of depth pairs within [k, nc],
+// an A block padded to whole tiles within [mc, kc] (depth blocks start on whole tiles, see PackedGemm).
+bool amx_fits(int64_t k, int64_t kc, int64_t mc) {
+  const int64_t depth = std::min(kc, k);
+  return k >= kAmxDepth && round_up(mc, kAmxRows) * round_up(depth, kAmxDepth) / 2 <= mc * kc;
+}
+
+// The pairs product of run_region on AMX tiles: B packed per panel over the whole depth, zero past it, so that
+// every B tile is 16 whole pairs; each A block copied as bf16 rows, zero-padded to whole tiles (the zero depth
+// values meet B's zero pairs, the zero rows give sums nobody stores).
+void run_region_amx(const Region& region, const Operands& ops, int64_t k, int64_t kc, int64_t mc, int64_t nc,
+                    const WorkerBuffers& buffers) {
+  const auto& a = std::get<StridedOperand>(ops.a);
+  const auto& b = std::get<StridedOperand>(ops.b);
+  const int64_t k_pairs = (k + 1) / 2, panel_pairs = round_up(k_pairs, kAmxRows);
+  auto* a_values = reinterpret_cast<uint16_t*>(buffers.a_block);
+  auto* b_words = reinterpret_cast<uint32_t*>(buffers.b_block);
+  gemm_detail::amx_configure();
+  for (int64_t jc = region.col0; jc < region.col1; jc += nc) {
+    const int64_t cols = std::min(nc, region.col1 - jc);
+    for (int64_t jr = 0; jr < cols; jr += NR) {
+      uint32_t* panel = b_words + jr / NR * panel_pairs * NR;
+      pack_b_pairs(b, k, jc + jr, std::min(NR, cols - jr), panel);
+      std::fill(panel + k_pairs * NR, panel + panel_pairs * NR, 0u);
+    }
+    for (int64_t ic = region.row0; ic < region.row1; ic += mc) {
+      const int64_t rows = std::min(mc, region.row1 - ic), padded_rows = round_up(rows, kAmxRows);
+      for (int64_t pc = 0; pc < k; pc += kc) {
+        const int64_t depth = std::min(kc, k - pc), a_ld = round_up(depth, kAmxDepth);
+        for (int64_t i = 0; i < padded_rows; ++i) {
+          uint16_t* row = a_values + i * a_ld;
+          const int64_t live = i < rows ? depth : 0;
+          if (live > 0)
+            std::memcpy(row, a.data + static_cast<size_t>((ic + i) * a.ld + pc) * 2, static_cast<size_t>(live) * 2);
+          std::fill(row + live, row + a_ld, uint16_t{0});
+        }
+        const uint32_t* b_depth = b_words + pc / 2 * NR;
+        for (int64_t jr = 0; jr < cols; jr += 2 * NR) {
+          const int col_tiles = cols - jr > NR ? 2 : 1;
+          const uint32_t* b0 = b_depth + jr / NR * panel_pairs * NR;
+          for (int64_t ir = 0; ir < padded_rows; ir += 2 * kAmxRows) {
+            const int row_tiles = padded_rows - ir > kAmxRows ? 2 : 1;
+            const uint16_t* a_rows = a_values + ir * a_ld;
+            float* c = buffers.sums + ir * nc + jr;
+            if (ir + row_tiles * kAmxRows <= mc) {
+              gemm_detail::amx_bf16_tiles(row_tiles, col_tiles, a_ld / kAmxDepth, a_rows, a_ld, b0,
+                                          b0 + panel_pairs * NR, c, nc, pc > 0);
+              continue;
+            }
+            // Tile rows past the sums buffer: through a buffer of whole tiles, only the live rows kept.
+            alignas(64) float tile_sums[2 * kAmxRows * 2 * NR];
+            const int64_t live_rows = rows - ir;
+            for (int64_t i = 0; i < live_rows && pc > 0; ++i)
+              std::memcpy(tile_sums + i * 2 * NR, c + i * nc, static_cast<size_t>(col_tiles * NR) * sizeof(float));
+            gemm_detail::amx_bf16_tiles(row_tiles, col_tiles, a_ld / kAmxDepth, a_rows, a_ld, b0,
+                                        b0 + panel_pairs * NR, tile_sums, 2 * NR, pc > 0);
+            for (int64_t i = 0; i < live_rows; ++i)
+              std::memcpy(c + i * nc, tile_sums + i * 2 * NR, static_cast<size_t>(col_tiles * NR) * sizeof(float));
+          }
+        }
+      }
+      store_rows(buffers.sums, nc, rows, cols, ic, jc, ops.c, ops.epilogue, true);
+    }
+  }
+  gemm_detail::amx_release();
+}
+#endif
+
 // `shared_b`, when given, holds all of B packed (panel p at p * k * NR) and the region packs none of it.
 void run_region(const Region& region, const Operands& ops, const GemmSpec& spec, int64_t kc, int64_t mc, int64_t nc,
                 const WorkerBuffers& buffers, GemmKernelChoice kernel, const float* shared_b = nullptr) {
   const bool avx2 = kernel != GemmKernelChoice::Portable;
 #ifdef NPUSIM_GEMM_X86
-  const bool avx512 = kernel == GemmKernelChoice::Avx512;
+  const bool avx512 = kernel == GemmKernelChoice::Avx512 || kernel == GemmKernelChoice::Amx;
 #else
   constexpr bool avx512 = false;
 #endif
@@ -1222,6 +1307,10 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   const int64_t k_pairs = (k + 1) / 2;
   auto* a_words = reinterpret_cast<uint32_t*>(buffers.a_block);
   auto* b_words = reinterpret_cast<uint32_t*>(buffers.b_block);
+#ifdef NPUSIM_GEMM_X86
+  if (pairs && kernel == GemmKernelChoice::Amx && amx_fits(k, kc, mc))
+    return run_region_amx(region, ops, k, kc, mc, nc, buffers);
+#endif
   for (int64_t jc = region.col0; jc < region.col1; jc += nc) {
     const int64_t cols = std::min(nc, region.col1 - jc);
 #ifdef NPUSIM_GEMM_X86
@@ -1402,6 +1491,8 @@ bool gemm_kernel_supported(GemmKernelChoice choice) {
       return cpu_has_avx2();
     case GemmKernelChoice::Avx512:
       return cpu_has_avx512();
+    case GemmKernelChoice::Amx:
+      return cpu_has_amx();
     default:
       return true;
   }

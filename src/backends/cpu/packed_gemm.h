@@ -216,7 +216,8 @@ void store_through_epilogue(float* sums, int64_t ld_sums, int64_t rows, int64_t 
                             const GemmOutput& c, const GemmEpilogue& epilogue);
 
 // Which micro-kernel products use: the best one this CPU supports, or a given one (for tests and measurements).
-enum class GemmKernelChoice : uint8_t { Best, Portable, Avx2, Avx512 };
+// Amx is Avx512 with the products of two bf16 operands on AMX tiles.
+enum class GemmKernelChoice : uint8_t { Best, Portable, Avx2, Avx512, Amx };
 // Selects the micro-kernel for all later products (not while a product runs); a choice the CPU lacks runs the
 // portable kernel.
 void set_gemm_kernel_choice(GemmKernelChoice choice);
