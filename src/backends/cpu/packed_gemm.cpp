@@ -1260,8 +1260,8 @@ void run_region_amx(const Region& region, const Operands& ops, int64_t k, int64_
             const int64_t live_rows = rows - ir;
             for (int64_t i = 0; i < live_rows && pc > 0; ++i)
               std::memcpy(tile_sums + i * 2 * NR, c + i * nc, static_cast<size_t>(col_tiles * NR) * sizeof(float));
-            gemm_detail::amx_bf16_tiles(row_tiles, col_tiles, a_ld / kAmxDepth, a_rows, a_ld, b0,
-                                        b0 + panel_pairs * NR, tile_sums, 2 * NR, pc > 0);
+            gemm_detail::amx_bf16_tiles(row_tiles, col_tiles, a_ld / kAmxDepth, a_rows, a_ld, b0, b0 + panel_pairs * NR,
+                                        tile_sums, 2 * NR, pc > 0);
             for (int64_t i = 0; i < live_rows; ++i)
               std::memcpy(c + i * nc, tile_sums + i * 2 * NR, static_cast<size_t>(col_tiles * NR) * sizeof(float));
           }
