@@ -12,7 +12,7 @@ seconds=${1:-60}
 shift || true
 [[ $seconds =~ ^[0-9]+$ ]] || { echo "usage: scripts/fuzz.sh [SECONDS] [TARGET...]" >&2; exit 2; }
 
-packages=(clang-14 libclang-rt-14-dev flatbuffers-compiler libflatbuffers-dev)
+packages=(clang-14 libclang-rt-14-dev flatbuffers-compiler libflatbuffers-dev libxxhash-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

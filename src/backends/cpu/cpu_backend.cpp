@@ -395,7 +395,7 @@ class CpuPreparedProgram final : public PreparedProgram {
 
   void build_kernels() {
     std::string note;
-    packed_weights_ = pack_cache_ ? pack_cache_->arena_for(pack_key_, note) : std::make_shared<ZeroedArena>();
+    packed_weights_ = pack_cache_ ? pack_cache_->arena_for(pack_key_, pool_, note) : std::make_shared<ZeroedArena>();
     if (!note.empty()) prepare_cost_.notes.push_back(note);
     {
       PackingArenaScope packing(packed_weights_);
@@ -425,7 +425,7 @@ class CpuPreparedProgram final : public PreparedProgram {
     packed_weights_->advise_huge_pages();  // written now: the kernel may merge their pages in the background
     if (pack_cache_ && packed_weights_->used_bytes() > 0) {
       if (packed_weights_->written_bytes() < packed_weights_->used_bytes())
-        prepare_cost_.notes.push_back(pack_cache_->save(pack_key_, *packed_weights_));
+        prepare_cost_.notes.push_back(pack_cache_->save(pack_key_, *packed_weights_, pool_));
       else
         prepare_cost_.notes.push_back("mapped " + pack_cache_->file_for(pack_key_));
     }

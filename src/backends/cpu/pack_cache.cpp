@@ -14,10 +14,8 @@
 #include <filesystem>
 #include <unordered_map>
 
+#include "core/content_hash.h"
 #include "core/cpu_features.h"
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
 
 namespace npusim::cpu {
 
@@ -28,12 +26,14 @@ constexpr uint64_t kDataAlignment = 4096;  // where the blocks start in the file
 constexpr uint64_t kBlockAlignment = 64;   // each block, as the arena aligns them
 
 // The file: this header, `blocks` entries, then the blocks' bytes from `data_offset` on. Little-endian, as written.
+// `checksum` covers the block table and every block's bytes (contents_checksum).
 struct FileHeader {
   std::array<char, 8> magic;
   uint64_t key_high, key_low;
   uint64_t blocks;
   uint64_t data_offset;
   uint64_t data_bytes;
+  uint64_t checksum;
 };
 
 struct FileBlock {
@@ -112,21 +112,32 @@ std::string features_text() {
   return text;
 }
 
-// Hashes of the bound weights' bytes in pieces of 4 MiB, the pieces spread over the pool.
-std::vector<uint64_t> weight_piece_hashes(const std::vector<std::pair<ValueId, Tensor>>& weights, ThreadPool& pool) {
+// Hashes of the ranges' bytes in pieces of 4 MiB, in order, the pieces spread over the pool.
+std::vector<uint64_t> piece_hashes(const std::vector<std::pair<const std::byte*, size_t>>& ranges, ThreadPool& pool) {
   constexpr size_t kPiece = size_t{4} << 20;
   std::vector<std::pair<const std::byte*, size_t>> pieces;
-  for (const auto& [id, tensor] : weights)
-    for (size_t at = 0; at < tensor.nbytes(); at += kPiece)
-      pieces.emplace_back(tensor.bytes() + at, std::min(kPiece, tensor.nbytes() - at));
+  for (const auto& [data, bytes] : ranges)
+    for (size_t at = 0; at < bytes; at += kPiece) pieces.emplace_back(data + at, std::min(kPiece, bytes - at));
   std::vector<uint64_t> hashes(pieces.size());
   pool.parallel_for(static_cast<int64_t>(pieces.size()), 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) {
       const auto& [data, bytes] = pieces[static_cast<size_t>(i)];
-      hashes[static_cast<size_t>(i)] = XXH3_64bits(data, bytes);
+      hashes[static_cast<size_t>(i)] = hash_bytes(data, bytes);
     }
   });
   return hashes;
+}
+
+// What the header's checksum holds: the block table and the bytes of each block (block i at block_data[i]).
+uint64_t contents_checksum(const std::vector<FileBlock>& table, const std::vector<const std::byte*>& block_data,
+                           ThreadPool& pool) {
+  std::vector<std::pair<const std::byte*, size_t>> ranges;
+  for (size_t i = 0; i < table.size(); ++i) ranges.emplace_back(block_data[i], static_cast<size_t>(table[i].bytes));
+  const std::vector<uint64_t> pieces = piece_hashes(ranges, pool);
+  ContentHasher hasher;
+  hasher.add(table.data(), table.size() * sizeof(FileBlock));
+  hasher.add(pieces.data(), pieces.size() * sizeof(uint64_t));
+  return hasher.digest().low;
 }
 
 // Reads the file's header and block table and checks them against the file's size; empty `why` when usable.
@@ -200,37 +211,34 @@ std::string build_id() {
 
 PackKey pack_key(const std::vector<uint8_t>& program_bytes, const std::string& options,
                  const std::vector<std::pair<ValueId, Tensor>>& weights, ThreadPool& pool) {
-  XXH3_state_t* state = XXH3_createState();
-  if (!state) fail("cannot allocate a hash state for the packed-weights key");
-  XXH3_128bits_reset(state);
-  const auto add_text = [state](const std::string& text) {
-    const uint64_t size = text.size();
-    XXH3_128bits_update(state, &size, sizeof size);
-    XXH3_128bits_update(state, text.data(), text.size());
+  ContentHasher hasher;
+  const auto add_text = [&hasher](const std::string& text) {
+    hasher.add_number(text.size());
+    hasher.add(text.data(), text.size());
   };
-  const auto add_number = [state](uint64_t value) { XXH3_128bits_update(state, &value, sizeof value); };
   add_text("npusim packed weights 1");
   add_text(build_id());
   add_text(features_text());
   add_text(options);
-  add_number(program_bytes.size());
-  XXH3_128bits_update(state, program_bytes.data(), program_bytes.size());
+  hasher.add_number(program_bytes.size());
+  hasher.add(program_bytes.data(), program_bytes.size());
+  std::vector<std::pair<const std::byte*, size_t>> ranges;
   for (const auto& [id, tensor] : weights) {
-    add_number(static_cast<uint64_t>(id));
-    add_number(static_cast<uint64_t>(tensor.dtype()));
-    add_number(tensor.shape().size());
-    for (const int64_t extent : tensor.shape()) add_number(static_cast<uint64_t>(extent));
+    hasher.add_number(static_cast<uint64_t>(id));
+    hasher.add_number(static_cast<uint64_t>(tensor.dtype()));
+    hasher.add_number(tensor.shape().size());
+    for (const int64_t extent : tensor.shape()) hasher.add_number(static_cast<uint64_t>(extent));
+    ranges.emplace_back(tensor.bytes(), tensor.nbytes());
   }
-  const std::vector<uint64_t> pieces = weight_piece_hashes(weights, pool);
-  XXH3_128bits_update(state, pieces.data(), pieces.size() * sizeof(uint64_t));
-  const XXH128_hash_t hash = XXH3_128bits_digest(state);
-  XXH3_freeState(state);
-  return {hash.high64, hash.low64};
+  const std::vector<uint64_t> pieces = piece_hashes(ranges, pool);
+  hasher.add(pieces.data(), pieces.size() * sizeof(uint64_t));
+  const ContentHasher::Digest digest = hasher.digest();
+  return {digest.high, digest.low};
 }
 
 std::string PackCache::file_for(const PackKey& key) const { return directory_ + "/" + key.hex() + ".npupack"; }
 
-std::shared_ptr<ZeroedArena> PackCache::arena_for(const PackKey& key, std::string& note) const {
+std::shared_ptr<ZeroedArena> PackCache::arena_for(const PackKey& key, ThreadPool& pool, std::string& note) const {
   const std::string path = file_for(key);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -246,7 +254,7 @@ std::shared_ptr<ZeroedArena> PackCache::arena_for(const PackKey& key, std::strin
   else
     table = read_table(fd, key, static_cast<uint64_t>(info.st_size), header, why);
   auto mapped = std::make_shared<MappedFile>();
-  if (why.empty() && header.data_bytes > 0) {
+  if (why.empty()) {  // the header's page at least: never empty
     mapped->size = static_cast<size_t>(header.data_offset + header.data_bytes);
     void* data = ::mmap(nullptr, mapped->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
     if (data == MAP_FAILED) {
@@ -258,17 +266,22 @@ std::shared_ptr<ZeroedArena> PackCache::arena_for(const PackKey& key, std::strin
     }
   }
   ::close(fd);
+  std::vector<const std::byte*> block_data;
+  if (why.empty()) {
+    for (const FileBlock& block : table) block_data.push_back(mapped->data + header.data_offset + block.offset);
+    if (contents_checksum(table, block_data, pool) != header.checksum) why = "its contents do not match their checksum";
+  }
   if (!why.empty()) {
     note = "ignored " + path + ": " + why;
     return std::make_shared<ZeroedArena>();
   }
   std::vector<ArenaBlock> blocks;
-  for (const FileBlock& block : table)
-    blocks.push_back({mapped->data + header.data_offset + block.offset, static_cast<size_t>(block.bytes), block.tag});
+  for (size_t i = 0; i < table.size(); ++i)
+    blocks.push_back({const_cast<std::byte*>(block_data[i]), static_cast<size_t>(table[i].bytes), table[i].tag});
   return std::make_shared<ZeroedArena>(blocks, mapped);
 }
 
-std::string PackCache::save(const PackKey& key, const ZeroedArena& arena) const {
+std::string PackCache::save(const PackKey& key, const ZeroedArena& arena, ThreadPool& pool) const {
   const std::string path = file_for(key);
   // The last block of each tag: a node's kernel made again packs its weights again.
   std::vector<ArenaBlock> blocks;
@@ -287,8 +300,11 @@ std::string PackCache::save(const PackKey& key, const ZeroedArena& arena) const 
     table.push_back({block.tag, data_bytes, block.bytes});
     data_bytes = round_up(data_bytes + block.bytes, kBlockAlignment);
   }
-  FileHeader header{kMagic, key.high, key.low, table.size(), 0, data_bytes};
+  FileHeader header{kMagic, key.high, key.low, table.size(), 0, data_bytes, 0};
   header.data_offset = round_up(sizeof header + table.size() * sizeof(FileBlock), kDataAlignment);
+  std::vector<const std::byte*> block_data;
+  for (const ArenaBlock& block : blocks) block_data.push_back(block.data);
+  header.checksum = contents_checksum(table, block_data, pool);
 
   std::error_code error;
   std::filesystem::create_directories(directory_, error);

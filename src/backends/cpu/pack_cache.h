@@ -17,8 +17,8 @@
 namespace npusim::cpu {
 
 // What packed weights are a function of: the build (its GNU build id), the CPU's vector extensions, the program, the
-// backend options that change packing (`options`), and every bound weight's name, type, shape and bytes (hashed over
-// the pool's threads).
+// backend options that change packing (`options`), and every bound weight's value id, type, shape and bytes (hashed
+// over the pool's threads).
 struct PackKey {
   uint64_t high = 0, low = 0;
   std::string hex() const;
@@ -37,12 +37,14 @@ class PackCache {
   const std::string& directory() const { return directory_; }
   std::string file_for(const PackKey& key) const;
 
-  // An arena that starts with the blocks of the file kept for `key` (mapped, not read), or an empty one when there
-  // is no such file; a file that cannot be used is left for save() to replace, and `note` says why.
-  std::shared_ptr<ZeroedArena> arena_for(const PackKey& key, std::string& note) const;
-  // Writes the tagged blocks the arena handed out (the last of each tag) as the file for `key`: to a temporary file
-  // renamed into place, so that a reader sees a whole file or none. Returns what it did, or why it did not.
-  std::string save(const PackKey& key, const ZeroedArena& arena) const;
+  // An arena that starts with the blocks of the file kept for `key` (mapped, not copied; its checksum verified over
+  // the pool), or an empty one when there is no such file; a file that cannot be used (truncated, damaged, made for
+  // another key) is left for save() to replace, and `note` says why.
+  std::shared_ptr<ZeroedArena> arena_for(const PackKey& key, ThreadPool& pool, std::string& note) const;
+  // Writes the tagged blocks the arena handed out (the last of each tag) and their checksum as the file for `key`:
+  // to a temporary file renamed into place, so that a reader sees a whole file or none. Returns what it did, or why
+  // it did not.
+  std::string save(const PackKey& key, const ZeroedArena& arena, ThreadPool& pool) const;
 
  private:
   std::string directory_;
