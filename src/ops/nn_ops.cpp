@@ -7,6 +7,7 @@
 
 #include "ops/gemm.h"
 #include "ops/op_util.h"
+#include "ops/pool_window.h"
 
 namespace npusim {
 
@@ -570,17 +571,10 @@ void expect_pool_input(const TensorMeta& x, size_t dims, const std::string& op) 
 
 PoolGeometry pool_geometry(const Attrs& attrs, const TensorMeta& x, bool with_dilation, const std::string& op) {
   expect_pool_input(x, 2, op);
-  std::vector<int64_t> kernel = spatial_ints(attrs, "kernel_size", 2, {}, op);
-  std::vector<int64_t> stride = attrs.get_ints("stride", {});
-  stride = stride.empty() ? kernel : spatial_ints(attrs, "stride", 2, {}, op);
-  const std::vector<int64_t> pad = spatial_ints(attrs, "padding", 2, {0}, op);
-  const std::vector<int64_t> dilation =
-      with_dilation ? spatial_ints(attrs, "dilation", 2, {1}, op) : std::vector<int64_t>{1, 1};
+  const ops::PoolWindowReading reading = ops::read_pool_window(attrs, with_dilation);
+  if (!reading.window) fail(op + ": " + reading.reason);
+  const auto& [kernel, stride, pad, dilation] = *reading.window;
   const bool ceil_mode = attrs.get_bool("ceil_mode", false);
-  expect_all(kernel, 1, "kernel_size", op);
-  expect_all(stride, 1, "stride", op);
-  expect_all(dilation, 1, "dilation", op);
-  expect_all(pad, 0, "padding", op);
 
   PoolGeometry g;
   const Shape& shape = x.shape;
@@ -596,8 +590,8 @@ PoolGeometry pool_geometry(const Attrs& attrs, const TensorMeta& x, bool with_di
     g.dilation[d] = dilation[d];
     g.out[d] = pooled_size(g.in[d], kernel[d], pad[d], stride[d], dilation[d], ceil_mode, op);
     if (g.out[d] < 1)
-      fail(op + ": input " + shape_string(shape) + " is too small for kernel " + shape_string(kernel) +
-           " (output size " + str(g.out[d]) + ")");
+      fail(op + ": input " + shape_string(shape) + " is too small for kernel " +
+           shape_string(Shape(kernel.begin(), kernel.end())) + " (output size " + str(g.out[d]) + ")");
     g.out_shape.push_back(g.out[d]);
   }
   return g;

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "npusim/op_registry.h"
+#include "ops/pool_window.h"
+#include "unit/error_expectations.h"
 #include "unit/op_test_util.h"
 
 using namespace npusim;
@@ -408,6 +410,38 @@ TEST(MaxPool2d, RejectsBadAttributes) {
   EXPECT_THROW(infer_op("aten.max_pool2d.default", {meta({1, 1, 0, 4})}, make_attrs({{"kernel_size", Ints{2}}})),
                Error);
   EXPECT_THROW(infer_op("aten.max_pool2d.default", {meta({1, 1, 4, 4})}), Error);  // kernel_size missing
+}
+
+// Shape inference and the backends read a pooling window the same way (ops::read_pool_window): what inference says
+// about each bad attribute is the reason the backends' reading gives.
+TEST(MaxPool2d, BadWindowsAreNamedAlike) {
+  const std::vector<std::pair<Attrs, std::string>> cases = {
+      {make_attrs({{"kernel_size", Ints{2, 2, 2}}}), "'kernel_size' needs 1 or 2 values, got 3"},
+      {make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{1, 1, 1}}}), "'stride' needs 1 or 2 values, got 3"},
+      {make_attrs({{"kernel_size", Ints{0, 2}}}), "kernel_size must be positive, got 0"},
+      {make_attrs({{"kernel_size", Ints{2}}, {"stride", Ints{2, -1}}}), "stride must be positive, got -1"},
+      {make_attrs({{"kernel_size", Ints{2}}, {"dilation", Ints{0}}}), "dilation must be positive, got 0"},
+      {make_attrs({{"kernel_size", Ints{2}}, {"padding", Ints{-1, 0}}}), "padding must be non-negative, got -1"},
+  };
+  for (const auto& [attrs, reason] : cases) {
+    const ops::PoolWindowReading reading = ops::read_pool_window(attrs, true);
+    EXPECT_FALSE(reading.window) << reason;
+    EXPECT_EQ(reading.reason, reason);
+    test::expect_error(
+        [&] {
+          infer_op("aten.max_pool2d.default", {meta({1, 1, 4, 4})}, attrs);
+        },
+        {"max_pool2d: " + reason});
+  }
+  const ops::PoolWindowReading good =
+      ops::read_pool_window(make_attrs({{"kernel_size", Ints{3, 2}}, {"padding", Ints{1}}}), true);
+  ASSERT_TRUE(good.window);
+  EXPECT_EQ(good.window->kernel, (std::array<int64_t, 2>{3, 2}));
+  EXPECT_EQ(good.window->stride, (std::array<int64_t, 2>{3, 2}));  // the kernel's when absent
+  EXPECT_EQ(good.window->pad, (std::array<int64_t, 2>{1, 1}));
+  EXPECT_EQ(good.window->dilation, (std::array<int64_t, 2>{1, 1}));
+  // avg_pool2d has no dilation: whatever the node says, it is 1.
+  EXPECT_TRUE(ops::read_pool_window(make_attrs({{"kernel_size", Ints{2}}, {"dilation", Ints{0}}}), false).window);
 }
 
 TEST(AvgPool2d, PaddingDivisorsAndCeilMode) {
