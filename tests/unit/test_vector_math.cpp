@@ -1,4 +1,5 @@
-// The vectorized activations against double-precision math (exp, sigmoid, SiLU) and bit for bit against the scalar
+// The vectorized activations against double-precision math (exp, sigmoid, SiLU, erf, both GELUs) and bit for bit
+// against the scalar
 // formulas the elementwise kernels use (ReLU, clamp, hardswish, hardsigmoid): every element of odd lengths, special
 // values (infinities, NaN, signed zeros, the ends of exp's range), in place and out of place, with sentinel outputs.
 #include <gtest/gtest.h>
@@ -49,8 +50,32 @@ double reference(UnaryKind f, double x, double low, double high) {
       return x * relu6(x + 3.0) / 6.0;
     case UnaryKind::Hardsigmoid:
       return relu6(x + 3.0) / 6.0;
+    case UnaryKind::Erf:
+      return std::erf(x);
+    case UnaryKind::GeluErf:
+      return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case UnaryKind::GeluTanh:  // x (1 + tanh u) / 2 as x sigmoid(2u): 1 + tanh u cancels in double for u << 0
+      return x / (1.0 + std::exp(-2.0 * std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    default:
+      return 0;
   }
-  return 0;
+}
+
+// How far a result may be from the exact value: erf's approximation is absolute (2e-7), and GELU inherits it
+// times |x| / 2; the others are relative (tanh-GELU's also grows with its computed argument).
+double tolerance(UnaryKind f, double x, double want) {
+  switch (f) {
+    case UnaryKind::Erf:
+      return 3e-7;
+    case UnaryKind::GeluErf:
+      return 3e-7 * std::max(1.0, std::fabs(x));
+    case UnaryKind::GeluTanh: {  // sigmoid's 3e-7, and the rounding of its argument 2u in float: e^{2u} is that off
+      const double two_u = 2.0 * std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x);
+      return (5e-7 + 2e-7 * std::fabs(two_u)) * std::fabs(want) + 1e-30;
+    }
+    default:
+      return 3e-7 * std::fabs(want) + 1e-37;
+  }
 }
 
 // The scalar loops' formulas, in float.
@@ -70,7 +95,9 @@ float scalar(UnaryKind f, float x, float low, float high) {
   }
 }
 
-bool exact(UnaryKind f) { return f != UnaryKind::Exp && f != UnaryKind::Sigmoid && f != UnaryKind::Silu; }
+bool exact(UnaryKind f) {
+  return f == UnaryKind::Relu || f == UnaryKind::Clamp || f == UnaryKind::Hardswish || f == UnaryKind::Hardsigmoid;
+}
 
 void check(UnaryKind f, const std::vector<float>& in, const std::vector<float>& out, const std::string& label) {
   const float low = -0.25f, high = 0.75f;
@@ -88,7 +115,7 @@ void check(UnaryKind f, const std::vector<float>& in, const std::vector<float>& 
     } else if (std::isinf(want) || std::fabs(want) > std::numeric_limits<float>::max()) {
       ASSERT_EQ(got, want > 0 ? kInf : -kInf) << at;
     } else {
-      ASSERT_NEAR(got, want, 3e-7 * std::fabs(want) + 1e-37) << at;
+      ASSERT_NEAR(got, want, tolerance(f, x, want)) << at;
     }
   }
 }
@@ -100,8 +127,9 @@ TEST(VectorMath, EveryFunctionOverOddLengthsAndSpecialValues) {
     EXPECT_EQ(out[0], kSentinel);
     return;
   }
-  for (UnaryKind f : {UnaryKind::Exp, UnaryKind::Sigmoid, UnaryKind::Silu, UnaryKind::Relu, UnaryKind::Clamp,
-                      UnaryKind::Hardswish, UnaryKind::Hardsigmoid})
+  for (UnaryKind f :
+       {UnaryKind::Exp, UnaryKind::Sigmoid, UnaryKind::Silu, UnaryKind::Relu, UnaryKind::Clamp, UnaryKind::Hardswish,
+        UnaryKind::Hardsigmoid, UnaryKind::Erf, UnaryKind::GeluErf, UnaryKind::GeluTanh})
     for (int64_t n : {0, 1, 7, 8, 9, 31, 1000}) {
       const std::string label = "f " + std::to_string(static_cast<int>(f)) + " n " + std::to_string(n);
       const std::vector<float> in = inputs(n, static_cast<uint32_t>(n) + 1, f == UnaryKind::Exp ? 90.0f : 12.0f);
@@ -154,6 +182,20 @@ TEST(VectorMath, SumInDouble) {
     for (float v : finite) want += v;
     EXPECT_NEAR(sum_in_double(finite.data(), n), static_cast<double>(want), 1e-9) << "n " << n;
   }
+}
+
+TEST(VectorMath, SumOfSquaredDeviations) {
+  for (int64_t n : {0, 1, 3, 4, 15, 16, 17, 100, 12544})
+    for (double center : {0.0, 0.37, -2.5}) {
+      const std::vector<float> x = inputs(n, 11, 5.0f);
+      std::vector<float> finite;
+      for (float v : x) finite.push_back(std::isfinite(v) ? v : 0.5f);
+      long double want = 0;
+      for (float v : finite) want += (static_cast<long double>(v) - center) * (static_cast<long double>(v) - center);
+      EXPECT_NEAR(sum_squared_deviations(finite.data(), n, center), static_cast<double>(want),
+                  1e-12 * static_cast<double>(want) + 1e-12)
+          << "n " << n << " center " << center;
+    }
 }
 
 }  // namespace

@@ -199,8 +199,7 @@ std::optional<Kernel> rms_norm(const KernelContext& ctx) {
       float* v = scratch->worker_as<float>(worker);
       float* w = v + width;
       load_line(x, row * width, 1, width, v);
-      double squares = 0.0;
-      for (int64_t i = 0; i < width; ++i) squares += static_cast<double>(v[i]) * v[i];
+      const double squares = sum_squared_deviations(v, width, 0.0);
       const auto scale = static_cast<float>(1.0 / std::sqrt(squares / static_cast<double>(width) + eps));
       if (weight) {
         const float* g = float_data(weight->data, weight->elem, width, w);
@@ -232,20 +231,19 @@ std::optional<Kernel> layer_norm(const KernelContext& ctx) {
     for_lines(*pool, rows, width, [&](int64_t row, int worker) {
       float* v = scratch->worker_as<float>(worker);
       load_line(x, row * width, 1, width, v);
-      double sum = 0.0;
-      for (int64_t i = 0; i < width; ++i) sum += v[i];
-      const double mean = width > 0 ? sum / static_cast<double>(width) : 0.0;
-      double squares = 0.0;
-      for (int64_t i = 0; i < width; ++i) squares += (v[i] - mean) * (v[i] - mean);
+      // Mean and variance in double (independent partial sums, not one chain of additions); the row normalized in
+      // fp32.
+      const double mean = width > 0 ? sum_in_double(v, width) / static_cast<double>(width) : 0.0;
+      const double squares = sum_squared_deviations(v, width, mean);
       const double rstd = 1.0 / std::sqrt((width > 0 ? squares / static_cast<double>(width) : 0.0) + eps);
       const float* g = weight ? float_data(weight->data, weight->elem, width, v + width) : nullptr;
       const float* b = bias ? float_data(bias->data, bias->elem, width, v + 2 * width) : nullptr;
-      for (int64_t i = 0; i < width; ++i) {
-        double value = (v[i] - mean) * rstd;
-        if (g) value *= g[i];
-        if (b) value += b[i];
-        v[i] = static_cast<float>(value);
-      }
+      const auto mean_f = static_cast<float>(mean), rstd_f = static_cast<float>(rstd);
+      for (int64_t i = 0; i < width; ++i) v[i] = (v[i] - mean_f) * rstd_f;
+      if (g)
+        for (int64_t i = 0; i < width; ++i) v[i] *= g[i];
+      if (b)
+        for (int64_t i = 0; i < width; ++i) v[i] += b[i];
       store_line(v, outs[0], row * width, 1, width);
       if (outs.size() == 3) {
         store_float(outs[1].data, outs[1].elem, row, static_cast<float>(mean));

@@ -23,6 +23,19 @@ double sum_portable(const float* x, int64_t n) {
   return sum;
 }
 
+double squares_portable(const float* x, int64_t n, double center) {
+  double partial[4] = {0.0, 0.0, 0.0, 0.0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int64_t j = 0; j < 4; ++j) {
+      const double d = x[i + j] - center;
+      partial[j] += d * d;
+    }
+  double sum = (partial[0] + partial[1]) + (partial[2] + partial[3]);
+  for (; i < n; ++i) sum += (x[i] - center) * (x[i] - center);
+  return sum;
+}
+
 }  // namespace
 
 #ifdef NPUSIM_VECTOR_MATH_X86
@@ -80,6 +93,38 @@ NPUSIM_AVX2_FMA inline __m256 sigmoid8(__m256 x) {
   return _mm256_andnot_ps(zero_below, sigmoid);
 }
 
+// erf(x) by Eigen's rational approximation (odd degree-13 numerator over even degree-8 denominator in x clamped to
+// [-4, 4], where fp32 erf is +-1): within 2e-7 absolutely. A NaN stays NaN through the bound-first min/max.
+NPUSIM_AVX2_FMA inline __m256 erf8(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-4.0f), _mm256_min_ps(_mm256_set1_ps(4.0f), x));
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_fmadd_ps(x2, _mm256_set1_ps(-2.72614225801306e-10f), _mm256_set1_ps(2.77068142495902e-08f));
+  p = _mm256_fmadd_ps(x2, p, _mm256_set1_ps(-2.10102402082508e-06f));
+  p = _mm256_fmadd_ps(x2, p, _mm256_set1_ps(-5.69250639462346e-05f));
+  p = _mm256_fmadd_ps(x2, p, _mm256_set1_ps(-7.34990630326855e-04f));
+  p = _mm256_fmadd_ps(x2, p, _mm256_set1_ps(-2.95459980854025e-03f));
+  p = _mm256_fmadd_ps(x2, p, _mm256_set1_ps(-1.60960333262415e-02f));
+  __m256 q = _mm256_fmadd_ps(x2, _mm256_set1_ps(-1.45660718464996e-05f), _mm256_set1_ps(-2.13374055278905e-04f));
+  q = _mm256_fmadd_ps(x2, q, _mm256_set1_ps(-1.68282697438203e-03f));
+  q = _mm256_fmadd_ps(x2, q, _mm256_set1_ps(-7.37332916720468e-03f));
+  q = _mm256_fmadd_ps(x2, q, _mm256_set1_ps(-1.42647390514189e-02f));
+  return _mm256_div_ps(_mm256_mul_ps(x, p), q);
+}
+
+// gelu with erf: x/2 (1 + erf(x / sqrt 2)).
+NPUSIM_AVX2_FMA inline __m256 gelu_erf8(__m256 x) {
+  const __m256 half_x = _mm256_mul_ps(x, _mm256_set1_ps(0.5f));
+  const __m256 e = erf8(_mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752f)));
+  return _mm256_fmadd_ps(half_x, e, half_x);
+}
+
+// gelu with tanh: x/2 (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3).
+NPUSIM_AVX2_FMA inline __m256 gelu_tanh8(__m256 x) {
+  const __m256 cube_term = _mm256_mul_ps(_mm256_mul_ps(x, x), _mm256_set1_ps(0.044715f));
+  const __m256 two_u = _mm256_mul_ps(_mm256_fmadd_ps(cube_term, x, x), _mm256_set1_ps(1.5957691216057308f));
+  return _mm256_mul_ps(x, sigmoid8(two_u));
+}
+
 // min(max(v, 0), 6) as std::min/std::max take it: a NaN v stays NaN.
 NPUSIM_AVX2_FMA inline __m256 relu6_8(__m256 v) {
   return _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(_mm256_setzero_ps(), v));
@@ -90,6 +135,9 @@ NPUSIM_AVX2_FMA inline __m256 apply8(__m256 x, __m256 low, __m256 high) {
   if constexpr (F == UnaryKind::Exp) return exp8(x);
   if constexpr (F == UnaryKind::Sigmoid) return sigmoid8(x);
   if constexpr (F == UnaryKind::Silu) return _mm256_mul_ps(x, sigmoid8(x));
+  if constexpr (F == UnaryKind::Erf) return erf8(x);
+  if constexpr (F == UnaryKind::GeluErf) return gelu_erf8(x);
+  if constexpr (F == UnaryKind::GeluTanh) return gelu_tanh8(x);
   if constexpr (F == UnaryKind::Relu) return _mm256_max_ps(_mm256_setzero_ps(), x);
   if constexpr (F == UnaryKind::Clamp) return _mm256_min_ps(high, _mm256_max_ps(low, x));
   if constexpr (F == UnaryKind::Hardswish)
@@ -122,6 +170,15 @@ bool unary_avx2(const UnaryStep& step, const float* in, float* out, int64_t n) {
       return true;
     case UnaryKind::Silu:
       map8<UnaryKind::Silu>(in, out, n, 0.0f, 0.0f);
+      return true;
+    case UnaryKind::Erf:
+      map8<UnaryKind::Erf>(in, out, n, 0.0f, 0.0f);
+      return true;
+    case UnaryKind::GeluErf:
+      map8<UnaryKind::GeluErf>(in, out, n, 0.0f, 0.0f);
+      return true;
+    case UnaryKind::GeluTanh:
+      map8<UnaryKind::GeluTanh>(in, out, n, 0.0f, 0.0f);
       return true;
     case UnaryKind::Relu:
       map8<UnaryKind::Relu>(in, out, n, 0.0f, 0.0f);
@@ -172,6 +229,27 @@ __attribute__((target("avx2"))) double sum_avx2(const float* x, int64_t n) {
   return sum;
 }
 
+NPUSIM_AVX2_FMA double squares_avx2(const float* x, int64_t n, double center) {
+  const __m256d c = _mm256_set1_pd(center);
+  __m256d a = _mm256_setzero_pd(), b = a, e = a, f = a;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256d da = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i)), c);
+    const __m256d db = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)), c);
+    const __m256d de = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)), c);
+    const __m256d df = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + i + 12)), c);
+    a = _mm256_fmadd_pd(da, da, a);
+    b = _mm256_fmadd_pd(db, db, b);
+    e = _mm256_fmadd_pd(de, de, e);
+    f = _mm256_fmadd_pd(df, df, f);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(_mm256_add_pd(a, b), _mm256_add_pd(e, f)));
+  double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+  for (; i < n; ++i) sum += (x[i] - center) * (x[i] - center);
+  return sum;
+}
+
 bool has_avx2_fma() { return cpu_features().avx2 && cpu_features().fma; }
 
 }  // namespace
@@ -188,12 +266,17 @@ bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n) 
 
 double sum_in_double(const float* x, int64_t n) { return cpu_features().avx2 ? sum_avx2(x, n) : sum_portable(x, n); }
 
+double sum_squared_deviations(const float* x, int64_t n, double center) {
+  return has_avx2_fma() ? squares_avx2(x, n, center) : squares_portable(x, n, center);
+}
+
 #else
 
 bool vector_unary(const UnaryStep&, const float*, float*, int64_t) { return false; }
 bool vector_silu_mul(const float*, const float*, float*, int64_t) { return false; }
 
 double sum_in_double(const float* x, int64_t n) { return sum_portable(x, n); }
+double sum_squared_deviations(const float* x, int64_t n, double center) { return squares_portable(x, n, center); }
 
 #endif
 

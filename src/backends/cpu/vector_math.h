@@ -1,6 +1,7 @@
 #pragma once
 // Activations over float arrays with AVX2 and FMA where the CPU has them: exp (a Cephes-style polynomial after
-// reduction by ln 2, within 3e-7 of the exact value relatively), and from it sigmoid and SiLU;
+// reduction by ln 2, within 3e-7 of the exact value relatively), and from it sigmoid, SiLU and tanh-approximated
+// GELU; erf (Eigen's rational approximation, within 2e-7 absolutely) and from it GELU;
 // ReLU, clamp, hardswish and hardsigmoid with the same operations as the scalar loops, so bit for bit the same.
 // Infinities, NaN and results in the denormal range behave as in the scalar loops.
 #include <cstdint>
@@ -20,5 +21,8 @@ bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n);
 // The sum of x[0, n) in double, in several independent partial sums (with AVX2, of four lanes each): a long sum is
 // not one chain of dependent additions. Every CPU.
 double sum_in_double(const float* x, int64_t n);
+
+// The sum of (x[i] - center)^2 over [0, n) in double, in independent partial sums as sum_in_double. Every CPU.
+double sum_squared_deviations(const float* x, int64_t n, double center);
 
 }  // namespace npusim::cpu
