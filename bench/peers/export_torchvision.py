@@ -28,7 +28,7 @@ import make_resnet_case as case  # noqa: E402
 from fx_to_ir import model_ir  # noqa: E402
 
 ARCHS = ["resnet18", "resnet34", "resnet50", "resnext50_32x4d", "regnet_y_400mf", "mobilenet_v2", "mobilenet_v3_large",
-         "efficientnet_b0", "densenet121", "vgg11", "squeezenet1_1", "shufflenet_v2_x1_0", "mnasnet1_0",
+         "efficientnet_b0", "densenet121", "vgg11", "squeezenet1_1", "mnasnet1_0",
          "convnext_tiny"]
 
 

@@ -134,40 +134,57 @@ __attribute__((target("avx2,fma"))) void DirectConv::rows_avx2(const float* scra
   const int64_t channels = g_.channels;
   const int64_t* offsets = tap_offsets_.data();
   const __m256 low_v = _mm256_set1_ps(low), high_v = _mm256_set1_ps(high);
-  for (int64_t oy = 0; oy < out_h; ++oy) {
-    float* row = out + oy * out_w;
-    const float* base = scratch + oy * g_.stride[0] * row_floats_;
-    int64_t x0 = 0;
-    for (; x0 + kVectors * kLanes <= out_w; x0 += kVectors * kLanes) {
-      __m256 acc[kVectors];
-      for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_set1_ps(bias);
+  const int64_t whole = out_w / (kVectors * kLanes) * (kVectors * kLanes);
+  // Output rows in blocks of kRows. First the columns past the whole 32-column chunks (all of a narrow image's), all
+  // the block's rows at once: their sums are independent chains of multiply-adds, where one row alone would wait on
+  // each (7x7 depthwise over 14 columns: 0.36 -> 0.22 ms for 384 planes). Rows past the image repeat the block's last
+  // row and are not stored. The last vector of a row is stored whole (a masked store is slow on some CPUs), running
+  // into the next row's first columns, which are written afterwards: the block's vectors go right to left, and the
+  // chunks after. Only the image's last store is masked.
+  constexpr int64_t kRows = 4;
+  for (int64_t oy0 = 0; oy0 < out_h; oy0 += kRows) {
+    const float* bases[kRows];
+    for (int64_t r = 0; r < kRows; ++r) bases[r] = scratch + std::min(oy0 + r, out_h - 1) * g_.stride[0] * row_floats_;
+    for (int64_t x0 = whole + (out_w - whole - 1) / kLanes * kLanes; x0 >= whole && out_w > whole; x0 -= kLanes) {
+      __m256 acc[kRows];
+      for (int64_t r = 0; r < kRows; ++r) acc[r] = _mm256_set1_ps(bias);
       for (int64_t c = 0; c < channels; ++c) {
-        const float* channel = base + c * channel_floats_ + x0;
         const float* w = weights + c * taps;
+        const int64_t at = c * channel_floats_ + x0;
         for (int64_t t = 0; t < taps; ++t) {
           const __m256 wt = _mm256_set1_ps(w[t]);
-          const float* src = channel + offsets[t];
-          for (int64_t v = 0; v < kVectors; ++v)
-            acc[v] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(src + v * kLanes), acc[v]);
+          for (int64_t r = 0; r < kRows; ++r)
+            acc[r] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(bases[r] + at + offsets[t]), acc[r]);
         }
       }
-      for (int64_t v = 0; v < kVectors; ++v)
-        _mm256_storeu_ps(row + x0 + v * kLanes, _mm256_min_ps(high_v, _mm256_max_ps(low_v, acc[v])));
-    }
-    for (; x0 < out_w; x0 += kLanes) {
-      __m256 acc = _mm256_set1_ps(bias);
-      for (int64_t c = 0; c < channels; ++c) {
-        const float* channel = base + c * channel_floats_ + x0;
-        const float* w = weights + c * taps;
-        for (int64_t t = 0; t < taps; ++t)
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(channel + offsets[t]), acc);
+      for (int64_t r = 0; r < kRows && oy0 + r < out_h; ++r) {
+        const int64_t at = (oy0 + r) * out_w + x0;
+        const __m256 value = _mm256_min_ps(high_v, _mm256_max_ps(low_v, acc[r]));
+        if (at + kLanes <= out_h * out_w)
+          _mm256_storeu_ps(out + at, value);
+        else
+          _mm256_maskstore_ps(out + at, first_lanes(out_w - x0), value);
       }
-      acc = _mm256_min_ps(high_v, _mm256_max_ps(low_v, acc));
-      // A whole store may run into the rows after this one (written later), not past the plane.
-      if ((oy * out_w + x0 + kLanes) <= out_h * out_w)
-        _mm256_storeu_ps(row + x0, acc);
-      else
-        _mm256_maskstore_ps(row + x0, first_lanes(out_w - x0), acc);
+    }
+    for (int64_t oy = oy0; oy < std::min(out_h, oy0 + kRows); ++oy) {
+      float* row = out + oy * out_w;
+      const float* base = scratch + oy * g_.stride[0] * row_floats_;
+      for (int64_t x0 = 0; x0 < whole; x0 += kVectors * kLanes) {
+        __m256 acc[kVectors];
+        for (int64_t v = 0; v < kVectors; ++v) acc[v] = _mm256_set1_ps(bias);
+        for (int64_t c = 0; c < channels; ++c) {
+          const float* channel = base + c * channel_floats_ + x0;
+          const float* w = weights + c * taps;
+          for (int64_t t = 0; t < taps; ++t) {
+            const __m256 wt = _mm256_set1_ps(w[t]);
+            const float* src = channel + offsets[t];
+            for (int64_t v = 0; v < kVectors; ++v)
+              acc[v] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(src + v * kLanes), acc[v]);
+          }
+        }
+        for (int64_t v = 0; v < kVectors; ++v)
+          _mm256_storeu_ps(row + x0 + v * kLanes, _mm256_min_ps(high_v, _mm256_max_ps(low_v, acc[v])));
+      }
     }
   }
 }
