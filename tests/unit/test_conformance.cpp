@@ -124,6 +124,10 @@ std::vector<Case> shape_cases() {
   cases.push_back(make("permute", {ints({2, 3, 5}, 0, 100)}, attrs({{"dims", L({1, 2, 0})}}), "int64"));
   cases.push_back(make("transpose", {f({2, 7, 33})}, attrs({{"dim0", I(-1)}, {"dim1", I(0)}})));
   cases.push_back(make("transpose", {f({65, 1025})}, attrs({{"dim0", I(0)}, {"dim1", I(1)}}), "parallel"));
+  // Batches of transposes (NCHW <-> NHWC) whose sides are not multiples of 8 blocks.
+  cases.push_back(make("permute", {f({3, 13, 5, 7})}, attrs({{"dims", L({0, 2, 3, 1})}}), "to channels last"));
+  cases.push_back(make("permute", {f({2, 9, 11, 17})}, attrs({{"dims", L({0, 3, 1, 2})}}), "to channels first"));
+  cases.push_back(make("permute", {f({4, 96, 56, 8})}, attrs({{"dims", L({0, 2, 3, 1})}}), "channels last, parallel"));
   cases.push_back(make("t", {f({7, 33})}));
   cases.push_back(make("expand", {f({3, 1})}, attrs({{"size", L({2, 3, 7})}})));
   cases.push_back(make("expand", {bools({1, 5})}, attrs({{"size", L({4, -1})}}), "bool"));

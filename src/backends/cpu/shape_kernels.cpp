@@ -2,12 +2,18 @@
 // output (permute, transpose, expand, repeat, slice, select, narrow, flip, split, chunk, unbind), a plain copy
 // (reshape family, clone, alias, dropout, getitem) that disappears when the planner made the output a view, or a
 // row copy (cat, stack, index_select, index_copy). Elements are moved by size, so every storage type works.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <memory>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/strided_loop.h"
+#include "core/cpu_features.h"
 #include "ops/op_util.h"
 
 namespace npusim::cpu {
@@ -54,9 +60,106 @@ Kernel nothing_to_do() {
   return kernel;
 }
 
+// A view that is a batch of matrix transposes: out[b][r][c] = in[offset + b * batch_stride + r + c * column_stride]
+// (a permute that moves the input's contiguous dim away from the last, as NCHW <-> NHWC).
+struct Transposes {
+  int64_t batches = 1, rows = 0, columns = 0, batch_stride = 0, column_stride = 0, offset = 0;
+};
+
+// The view as Transposes: size-1 dims dropped, neighbours that walk the input as one dim merged, then at most three
+// dims left with input strides [batch, 1, column], the column stride not 1.
+std::optional<Transposes> as_transposes(const View& view) {
+  Shape shape;
+  std::vector<int64_t> strides;
+  for (size_t d = 0; d < view.shape.size(); ++d) {
+    if (view.shape[d] == 1) continue;
+    if (!shape.empty() && strides.back() == view.strides[d] * view.shape[d]) {
+      shape.back() *= view.shape[d];
+      strides.back() = view.strides[d];
+      continue;
+    }
+    shape.push_back(view.shape[d]);
+    strides.push_back(view.strides[d]);
+  }
+  if (shape.size() == 2) {
+    shape.insert(shape.begin(), 1);
+    strides.insert(strides.begin(), 0);
+  }
+  if (shape.size() != 3 || strides[1] != 1 || strides[2] <= 1 || strides[0] < 0) return std::nullopt;
+  return Transposes{shape[0], shape[1], shape[2], strides[0], strides[2], view.offset};
+}
+
+#if defined(__x86_64__)
+// An 8 x 8 block: the 8 rows at `in` (row stride in_stride) become the 8 columns at `out` (row stride out_stride).
+__attribute__((target("avx2"))) void transpose8x8(const float* in, int64_t in_stride, float* out, int64_t out_stride) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in + i * in_stride);
+  __m256 t[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(out + i * out_stride, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(out + (i + 4) * out_stride, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+#endif
+
+// Rows [row0, row1) of batch b of a 4-byte Transposes: 8 x 8 blocks where the CPU has AVX2, the edges one by one.
+void transpose_rows(const Transposes& t, const float* in, float* out, int64_t b, int64_t row0, int64_t row1,
+                    bool avx2) {
+  const float* source = in + t.offset + b * t.batch_stride;
+  float* target = out + b * t.rows * t.columns;
+  int64_t r = row0;
+#if defined(__x86_64__)
+  if (avx2)
+    for (; r + 8 <= row1; r += 8) {
+      int64_t c = 0;
+      for (; c + 8 <= t.columns; c += 8)
+        transpose8x8(source + c * t.column_stride + r, t.column_stride, target + r * t.columns + c, t.columns);
+      for (; c < t.columns; ++c)
+        for (int64_t i = r; i < r + 8; ++i) target[i * t.columns + c] = source[c * t.column_stride + i];
+    }
+#endif
+  (void)avx2;
+  for (; r < row1; ++r)
+    for (int64_t c = 0; c < t.columns; ++c) target[r * t.columns + c] = source[c * t.column_stride + r];
+}
+
 // Copies `view` of `in` into the contiguous `out` (same element type).
 std::optional<Kernel> strided_copy(const KernelContext& ctx, const Buffer& in, const Buffer& out, const View& view) {
   if (in.elem != out.elem || shape_numel(view.shape) != out.numel()) return std::nullopt;
+  if (const std::optional<Transposes> t = as_transposes(view); t && elem_size(in.elem) == 4 && out.numel() > 0) {
+    // Pieces of 64 rows: whole 8-row blocks, enough pieces for every thread.
+    constexpr int64_t kRowsPerPiece = 64;
+    const int64_t pieces_per_batch = (t->rows + kRowsPerPiece - 1) / kRowsPerPiece;
+    const auto* from = reinterpret_cast<const float*>(in.data);
+    auto* to = reinterpret_cast<float*>(out.data);
+    const bool avx2 = cpu_features().avx2;
+    Kernel kernel;
+    kernel.run = [t = *t, from, to, avx2, pieces_per_batch, pool = &ctx.pool] {
+      const auto run = [&](int64_t begin, int64_t end, int) {
+        for (int64_t piece = begin; piece < end; ++piece) {
+          const int64_t b = piece / pieces_per_batch, row0 = piece % pieces_per_batch * kRowsPerPiece;
+          transpose_rows(t, from, to, b, row0, std::min(t.rows, row0 + kRowsPerPiece), avx2);
+        }
+      };
+      const int64_t pieces = t.batches * pieces_per_batch;
+      if (t.batches * t.rows * t.columns < kParallelElements)
+        run(0, pieces, 0);
+      else
+        pool->parallel_for(pieces, 1, run);
+    };
+    return kernel;
+  }
   const std::vector<std::vector<int64_t>> strides{view.strides};
   const std::vector<int64_t> bases{view.offset};
   std::optional<StridedLoop> loop = make_loop(view.shape, strides, bases);
