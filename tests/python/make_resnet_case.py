@@ -150,7 +150,7 @@ def spread_logits(fc, features):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", choices=["resnet18", "resnet50", "mobilenet_v2"], required=True)
+    parser.add_argument("--arch", choices=["resnet18", "resnet50", "mobilenet_v2", "convnext_tiny"], required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--output-name", required=True)
