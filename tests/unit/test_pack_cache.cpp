@@ -11,8 +11,8 @@
 #include "backends/cpu/pack_cache.h"
 #include "backends/cpu/packed_gemm.h"
 #include "compiler/memory_plan.h"
-#include "core/content_hash.h"
 #include "compiler/pass.h"
+#include "core/content_hash.h"
 #include "unit/graph_test_util.h"
 #include "work_dir.h"
 
@@ -244,12 +244,23 @@ void flip_byte(const fs::path& file, uint64_t at) {
   io.put(byte);
 }
 
+// The net's outputs without a cache, and the one file its first preparation saved in a fresh directory.
+struct SavedPack {
+  Tensor expected;
+  std::string dir;
+  fs::path file;
+};
+
+SavedPack saved_pack(const Net& net) {
+  SavedPack saved{run_net(net, "").out, test::fresh_work_dir("cache"), {}};
+  run_net(net, saved.dir);
+  saved.file = pack_files(saved.dir).at(0);
+  return saved;
+}
+
 TEST(PackCache, DamagedFilesAreIgnoredAndWrittenAgain) {
   const Net net = small_net(9);
-  const Tensor expected = run_net(net, "").out;
-  const std::string dir = test::fresh_work_dir("cache");
-  run_net(net, dir);
-  const fs::path file = pack_files(dir).at(0);
+  const auto [expected, dir, file] = saved_pack(net);
   const auto size = fs::file_size(file);
   const std::vector<std::pair<std::string, std::function<void()>>> damages = {
       {"truncated", [&] { fs::resize_file(file, size - 100); }},
@@ -277,10 +288,7 @@ TEST(PackCache, DamagedFilesAreIgnoredAndWrittenAgain) {
 // when the damage missed everything the file is read for, else from packing again.
 TEST(PackCache, RandomDamageNeverChangesTheResult) {
   const Net net = small_net(17);
-  const Tensor expected = run_net(net, "").out;
-  const std::string dir = test::fresh_work_dir("cache");
-  run_net(net, dir);
-  const fs::path file = pack_files(dir).at(0);
+  const auto [expected, dir, file] = saved_pack(net);
   std::ifstream in(file, std::ios::binary);
   const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::mt19937 rng(3);
