@@ -12,18 +12,12 @@
 #include "backends/cpu/packed_gemm.h"
 #include "npusim/error.h"
 #include "npusim/op_registry.h"
+#include "unit/random_values.h"
 
 namespace npusim::cpu {
 namespace {
 
-Tensor random_tensor(const Shape& shape, uint32_t seed) {
-  Tensor t(DType::Float32, shape);
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  float* data = t.mutable_data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) data[i] = dist(gen);
-  return t;
-}
+using test::random_tensor;
 
 // Values as stored in `elem` and read back: what a kernel with that storage sees.
 Tensor rounded(const Tensor& t, Elem elem) {

@@ -11,19 +11,14 @@
 #include <vector>
 
 #include "backends/cpu/direct_conv.h"
+#include "unit/random_values.h"
 
 namespace npusim::cpu {
 namespace {
 
 constexpr float kSentinel = -12345.0f;
 
-std::vector<float> random_values(int64_t count, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(count));
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using test::random_floats;
 
 DirectConvGeometry geometry(int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad, int64_t dilation,
                             int64_t channels, int64_t stride_w = 0) {
@@ -63,13 +58,13 @@ void check(const DirectConvGeometry& g, const std::string& label) {
   const DirectConv conv(g);
   std::vector<float> scratch(static_cast<size_t>(conv.scratch_floats()), kSentinel);
   conv.clear(scratch.data());
-  const std::vector<float> w = random_values(g.channels * g.kernel[0] * g.kernel[1], 3);
+  const std::vector<float> w = random_floats(g.channels * g.kernel[0] * g.kernel[1], 3);
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const std::vector<std::pair<float, float>> clamps = {{-kInf, kInf}, {0.0f, kInf}, {-0.3f, 0.4f}};
   for (bool vectors : {true, false})
     for (size_t round = 0; round < clamps.size(); ++round) {
       const auto [low, high] = clamps[round];
-      const std::vector<float> in = random_values(g.channels * g.in[0] * g.in[1], 10 + static_cast<uint32_t>(round));
+      const std::vector<float> in = random_floats(g.channels * g.in[0] * g.in[1], 10 + static_cast<uint32_t>(round));
       conv.load_inputs(in.data(), scratch.data(), vectors);
       // One spare float past the plane: nothing may be written there.
       std::vector<float> out(static_cast<size_t>(g.out[0] * g.out[1]) + 1, kSentinel);
@@ -132,7 +127,7 @@ TEST(DirectConv, EmptyOutputWritesNothing) {
   const DirectConv conv(g);
   std::vector<float> scratch(static_cast<size_t>(conv.scratch_floats()) + 1);
   conv.clear(scratch.data());
-  const std::vector<float> in = random_values(32, 1), w = random_values(18, 2);
+  const std::vector<float> in = random_floats(32, 1), w = random_floats(18, 2);
   conv.load_inputs(in.data(), scratch.data());
   float out = kSentinel;
   conv.compute(scratch.data(), w.data(), 0.0f, -1.0f, 1.0f, &out);

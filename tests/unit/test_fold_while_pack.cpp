@@ -23,6 +23,7 @@
 #include "runtime/weight_transforms.h"
 #include "unit/error_expectations.h"
 #include "unit/graph_test_util.h"
+#include "unit/random_values.h"
 #include "work_dir.h"
 
 namespace npusim {
@@ -33,14 +34,7 @@ using cpu::GemmSide;
 using cpu::PackedMatrix;
 using cpu::ThreadPool;
 
-Tensor random_tensor(const Shape& shape, uint32_t seed, float low = -1.0f, float high = 1.0f) {
-  Tensor t(DType::Float32, shape);
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(low, high);
-  float* data = t.mutable_data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) data[i] = dist(gen);
-  return t;
-}
+using test::random_tensor;
 
 std::vector<double> random_scales(int64_t count, uint32_t seed) {
   std::mt19937 gen(seed);

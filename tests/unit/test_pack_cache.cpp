@@ -14,6 +14,7 @@
 #include "compiler/pass.h"
 #include "core/content_hash.h"
 #include "unit/graph_test_util.h"
+#include "unit/random_values.h"
 #include "work_dir.h"
 
 #define XXH_INLINE_ALL
@@ -90,13 +91,7 @@ TEST(PackCache, PackedMatricesAreTaggedByOwnerPlaceAndShape) {
   EXPECT_FALSE(cpu::PackedMatrix::zeroed(cpu::GemmSide::A, cpu::Elem::F32, 3, 4).prewritten());
 }
 
-Tensor random_tensor(const Shape& shape, uint32_t seed, float low = -1.0f, float high = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(low, high);
-  Tensor t(DType::Float32, shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data<float>()[i] = dist(rng);
-  return t;
-}
+using test::random_tensor;
 
 // x [1, 16, 10, 10] -> conv 3x3 (Winograd) -> BatchNorm (folded while packing) -> relu -> conv 1x1 -> grouped conv
 // 3x3 (a packed product per group) -> [1, 20, 10, 10].

@@ -13,6 +13,7 @@
 #include "backends/cpu/packed_gemm.h"
 #include "npusim/error.h"
 #include "unit/patch_matrix.h"
+#include "unit/random_values.h"
 
 namespace npusim::cpu {
 namespace {
@@ -74,19 +75,11 @@ struct Case {
   }
 };
 
-std::vector<float> random_values(int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(rows * cols));
-  for (float& x : v) x = dist(gen);
-  return v;
-}
-
 void check(const Case& t) {
   SCOPED_TRACE(t.label());
   const int64_t m = t.m, n = t.n, k = t.k;
-  std::vector<float> a = t.arbitrary_values ? random_values(m, k, 1) : values(m, k, 3);
-  std::vector<float> b = t.arbitrary_values ? random_values(k, n, 2) : values(k, n, 5);
+  std::vector<float> a = t.arbitrary_values ? test::random_floats(m * k, 1) : values(m, k, 3);
+  std::vector<float> b = t.arbitrary_values ? test::random_floats(k * n, 2) : values(k, n, 5);
   // Half-precision operands hold the rounded values.
   for (float& x : a) x = round_to(t.a_elem, x);
   for (float& x : b) x = round_to(t.b_elem, x);

@@ -6,17 +6,12 @@
 
 #include "backends/cpu/kernels.h"
 #include "npusim/op_registry.h"
+#include "unit/random_values.h"
 
 namespace npusim::cpu {
 namespace {
 
-Tensor random_tensor(const Shape& shape, uint32_t seed) {
-  Tensor t(DType::Float32, shape);
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.mutable_data<float>()[i] = dist(gen);
-  return t;
-}
+using test::random_tensor;
 
 Tensor rounded(const Tensor& t, Elem elem) {
   std::vector<std::byte> bytes(static_cast<size_t>(std::max<int64_t>(t.numel(), 1)) * elem_size(elem));
