@@ -159,43 +159,18 @@ NPUSIM_AVX2_FMA void map8(const float* in, float* out, int64_t n, float low, flo
   }
 }
 
+// map8 of whichever of `Kinds` `kind` is; false for none of them.
+template <UnaryKind... Kinds>
+bool map8_one_of(UnaryKind kind, const float* in, float* out, int64_t n, float low, float high) {
+  return ((kind == Kinds && (map8<Kinds>(in, out, n, low, high), true)) || ...);
+}
+
 // False for the steps without a vector form.
 bool unary_avx2(const UnaryStep& step, const float* in, float* out, int64_t n) {
-  switch (step.kind) {
-    case UnaryKind::Exp:
-      map8<UnaryKind::Exp>(in, out, n, 0.0f, 0.0f);
-      return true;
-    case UnaryKind::Sigmoid:
-      map8<UnaryKind::Sigmoid>(in, out, n, 0.0f, 0.0f);
-      return true;
-    case UnaryKind::Silu:
-      map8<UnaryKind::Silu>(in, out, n, 0.0f, 0.0f);
-      return true;
-    case UnaryKind::Erf:
-      map8<UnaryKind::Erf>(in, out, n, 0.0f, 0.0f);
-      return true;
-    case UnaryKind::GeluErf:
-      map8<UnaryKind::GeluErf>(in, out, n, 0.0f, 0.0f);
-      return true;
-    case UnaryKind::GeluTanh:
-      map8<UnaryKind::GeluTanh>(in, out, n, 0.0f, 0.0f);
-      return true;
-    case UnaryKind::Relu:
-      map8<UnaryKind::Relu>(in, out, n, 0.0f, 0.0f);
-      return true;
-    case UnaryKind::Clamp:
-      if (std::isnan(step.p0) || std::isnan(step.p1)) return false;
-      map8<UnaryKind::Clamp>(in, out, n, step.p0, step.p1);
-      return true;
-    case UnaryKind::Hardswish:
-      map8<UnaryKind::Hardswish>(in, out, n, 0.0f, 0.0f);
-      return true;
-    case UnaryKind::Hardsigmoid:
-      map8<UnaryKind::Hardsigmoid>(in, out, n, 0.0f, 0.0f);
-      return true;
-    default:
-      return false;
-  }
+  if (step.kind == UnaryKind::Clamp && (std::isnan(step.p0) || std::isnan(step.p1))) return false;
+  return map8_one_of<UnaryKind::Exp, UnaryKind::Sigmoid, UnaryKind::Silu, UnaryKind::Erf, UnaryKind::GeluErf,
+                     UnaryKind::GeluTanh, UnaryKind::Relu, UnaryKind::Clamp, UnaryKind::Hardswish,
+                     UnaryKind::Hardsigmoid>(step.kind, in, out, n, step.p0, step.p1);
 }
 
 NPUSIM_AVX2_FMA void silu_mul_avx2(const float* gate, const float* up, float* out, int64_t n) {
