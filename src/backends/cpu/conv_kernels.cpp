@@ -8,11 +8,13 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <span>
 
 #include "backends/cpu/conv_winograd.h"
 #include "backends/cpu/direct_conv.h"
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/packed_gemm.h"
+#include "runtime/weight_transforms.h"
 
 namespace npusim::cpu {
 
@@ -111,7 +113,7 @@ struct ConvPlan {
   PackedGemm gemm;
   std::optional<WinogradConv> winograd;  // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
   std::optional<DirectConv> direct;      // for ConvGeometry::direct()
-  std::vector<float> scaled_weight;      // the direct path's weight with its row scales applied (a folded BatchNorm)
+  Tensor scaled_weight;                  // the direct path's weight with its row scales applied (a folded BatchNorm)
   // Offsets (in floats) into the shared scratch; -1 when not needed.
   int64_t x_scratch = -1, bias_scratch = -1, winograd_scratch = -1;
   int64_t phases_scratch = -1;  // the input split by stride phases, when that packs the patches faster
@@ -240,8 +242,8 @@ void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch
   // An fp32 output without a residual is written in place (any other activation applied there afterwards).
   const bool straight_to_output = !p.residual && p.out.elem == Elem::F32;
   const float* weights = scratch.shared_as<float>();  // converted once per run below when not fp32
-  if (!p.scaled_weight.empty()) {
-    weights = p.scaled_weight.data();
+  if (p.scaled_weight.defined()) {
+    weights = p.scaled_weight.data<float>();
   } else if (p.weight.elem == Elem::F32) {
     weights = p.weight.as<const float>();
   } else {
@@ -331,19 +333,14 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
   };
 
   if (p.g.direct()) {
-    // A weight kept as its source with per-output-channel factors is scaled once here, each value rounded once
-    // from double as scale_rows folds it.
+    // A weight kept as its source with per-output-channel factors is folded once here (scale_rows).
     if (const double* scales = ctx.row_scales_of(1)) {
       if (!fixed_input(ctx, 1) || p.weight.elem != Elem::F32) return std::nullopt;
-      const int64_t per_output = p.weight.numel() / p.g.out_channels;
-      const float* w = p.weight.as<const float>();
-      p.scaled_weight.resize(static_cast<size_t>(p.weight.numel()));
-      for (int64_t i = 0; i < p.weight.numel(); ++i)
-        p.scaled_weight[static_cast<size_t>(i)] =
-            static_cast<float>(static_cast<double>(w[i]) * scales[i / per_output]);
+      p.scaled_weight = scale_rows(Tensor::borrow(DType::Float32, p.weight.meta.shape, p.weight.data, nullptr),
+                                   std::span(scales, static_cast<size_t>(p.g.out_channels)), ctx.pool.size());
       kernel.applies_row_scales = true;
     }
-    if (p.weight.elem != Elem::F32 && p.scaled_weight.empty()) reserve(p.weight.numel());
+    if (p.weight.elem != Elem::F32 && !p.scaled_weight.defined()) reserve(p.weight.numel());
     ctx.scratch.reserve_shared(floats_bytes(floats));
     p.direct.emplace(DirectConvGeometry{.in = p.g.in,
                                         .kernel = p.g.kernel,
