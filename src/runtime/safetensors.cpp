@@ -1,10 +1,5 @@
 #include "runtime/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
@@ -19,52 +14,11 @@
 #include <system_error>
 
 #include "core/json_text.h"
+#include "core/mapped_file.h"
 
 namespace npusim {
 
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
-
-// A read-only private mapping of a whole file; unmapped when the last borrower lets go.
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(path + ": cannot open: " + std::strerror(errno));
-    struct stat info {};
-    if (::fstat(fd, &info) != 0) {
-      const int saved = errno;
-      ::close(fd);
-      fail(path + ": cannot stat: " + std::strerror(saved));
-    }
-    if (!S_ISREG(info.st_mode)) {
-      ::close(fd);
-      fail(path + ": not a regular file");
-    }
-    size_ = static_cast<size_t>(info.st_size);
-    if (size_ > 0) {
-      void* address = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (address == MAP_FAILED) {
-        const int saved = errno;
-        ::close(fd);
-        fail(path + ": cannot map: " + std::strerror(saved));
-      }
-      data_ = static_cast<const std::byte*>(address);
-    }
-    ::close(fd);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
-  }
-
-  const std::byte* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  const std::byte* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 namespace {
 

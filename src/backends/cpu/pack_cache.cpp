@@ -3,8 +3,6 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <link.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -16,6 +14,8 @@
 
 #include "core/content_hash.h"
 #include "core/cpu_features.h"
+#include "core/mapped_file.h"
+#include "npusim/error.h"
 
 namespace npusim::cpu {
 
@@ -45,27 +45,6 @@ struct FileBlock {
 uint64_t round_up(uint64_t value, uint64_t to) { return (value + to - 1) / to * to; }
 
 std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
-
-// A whole file mapped private and writable: a block written again (which packing never does with a block that came
-// written) changes this process's copy of the page, not the file.
-struct MappedFile {
-  std::byte* data = nullptr;
-  size_t size = 0;
-  ~MappedFile() {
-    if (data) ::munmap(data, size);
-  }
-};
-
-// Maps the pages in now, for reading: in one call where the kernel can (MAP_POPULATE on a writable private mapping
-// would copy every page), else by reading a byte of each page (a fault maps its neighbours in too).
-void map_in_for_reading(const std::byte* data, size_t bytes) {
-#ifdef MADV_POPULATE_READ
-  if (::madvise(const_cast<std::byte*>(data), bytes, MADV_POPULATE_READ) == 0) return;
-#endif
-  unsigned char sum = 0;
-  for (size_t at = 0; at < bytes; at += 4096) sum ^= *reinterpret_cast<const volatile unsigned char*>(data + at);
-  (void)sum;
-}
 
 struct BuildIdSearch {
   uintptr_t address;
@@ -140,13 +119,14 @@ uint64_t contents_checksum(const std::vector<FileBlock>& table, const std::vecto
   return hasher.digest().low;
 }
 
-// Reads the file's header and block table and checks them against the file's size; empty `why` when usable.
-std::vector<FileBlock> read_table(int fd, const PackKey& key, uint64_t file_size, FileHeader& header,
-                                  std::string& why) {
-  if (::pread(fd, &header, sizeof header, 0) != static_cast<ssize_t>(sizeof header)) {
+// The header and block table at the start of `file`, checked against its size; empty `why` when usable.
+std::vector<FileBlock> read_table(const MappedFile& file, const PackKey& key, FileHeader& header, std::string& why) {
+  const uint64_t file_size = file.size();
+  if (file_size < sizeof header) {
     why = "shorter than its header";
     return {};
   }
+  std::memcpy(&header, file.data(), sizeof header);
   if (header.magic != kMagic) {
     why = "not a packed-weights file of this version";
     return {};
@@ -157,17 +137,13 @@ std::vector<FileBlock> read_table(int fd, const PackKey& key, uint64_t file_size
   }
   const uint64_t table_end = sizeof header + header.blocks * sizeof(FileBlock);
   if (header.blocks > file_size / sizeof(FileBlock) || header.data_offset % kDataAlignment != 0 ||
-      header.data_offset < table_end || header.data_bytes > file_size - std::min(file_size, header.data_offset) ||
-      header.data_offset > file_size) {
+      header.data_offset < table_end || header.data_offset > file_size ||
+      header.data_bytes > file_size - header.data_offset) {
     why = "truncated or damaged (" + std::to_string(file_size) + " bytes)";
     return {};
   }
   std::vector<FileBlock> table(header.blocks);
-  const auto table_bytes = static_cast<ssize_t>(table.size() * sizeof(FileBlock));
-  if (::pread(fd, table.data(), static_cast<size_t>(table_bytes), sizeof header) != table_bytes) {
-    why = "truncated block table";
-    return {};
-  }
+  std::memcpy(table.data(), file.data() + sizeof header, table.size() * sizeof(FileBlock));
   for (const FileBlock& block : table)
     if (block.offset % kBlockAlignment != 0 || block.offset > header.data_bytes ||
         block.bytes > header.data_bytes - block.offset) {
@@ -240,35 +216,25 @@ std::string PackCache::file_for(const PackKey& key) const { return directory_ + 
 
 std::shared_ptr<ZeroedArena> PackCache::arena_for(const PackKey& key, ThreadPool& pool, std::string& note) const {
   const std::string path = file_for(key);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno != ENOENT) note = system_error("cannot open " + path);
+  std::error_code absent;
+  if (!std::filesystem::exists(path, absent)) return std::make_shared<ZeroedArena>();
+  std::shared_ptr<const MappedFile> mapped;
+  std::string why;
+  FileHeader header{};
+  std::vector<FileBlock> table;
+  try {
+    // Copy-on-write: a block written again (which packing never does with a block that came written) changes this
+    // process's copy of the page, not the file.
+    mapped = std::make_shared<const MappedFile>(path, MappedFile::Access::CopyOnWrite);
+    table = read_table(*mapped, key, header, why);
+  } catch (const Error& error) {  // it names the file
+    note = std::string("ignored ") + error.what();
     return std::make_shared<ZeroedArena>();
   }
-  struct stat info {};
-  FileHeader header{};
-  std::string why;
-  std::vector<FileBlock> table;
-  if (::fstat(fd, &info) != 0)
-    why = system_error("cannot read its size");
-  else
-    table = read_table(fd, key, static_cast<uint64_t>(info.st_size), header, why);
-  auto mapped = std::make_shared<MappedFile>();
-  if (why.empty()) {  // the header's page at least: never empty
-    mapped->size = static_cast<size_t>(header.data_offset + header.data_bytes);
-    void* data = ::mmap(nullptr, mapped->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-    if (data == MAP_FAILED) {
-      mapped->size = 0;
-      why = system_error("cannot map it");
-    } else {
-      mapped->data = static_cast<std::byte*>(data);
-      map_in_for_reading(mapped->data, mapped->size);
-    }
-  }
-  ::close(fd);
   std::vector<const std::byte*> block_data;
   if (why.empty()) {
-    for (const FileBlock& block : table) block_data.push_back(mapped->data + header.data_offset + block.offset);
+    mapped->map_in();
+    for (const FileBlock& block : table) block_data.push_back(mapped->data() + header.data_offset + block.offset);
     if (contents_checksum(table, block_data, pool) != header.checksum) why = "its contents do not match their checksum";
   }
   if (!why.empty()) {
