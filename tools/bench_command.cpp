@@ -42,6 +42,7 @@ const std::vector<OptionSpec> kModelBenchOptions = {
     {"prefill-chunk", true, "N: with --model, the largest native prefill step (default 128)"},
     {"quantize", true, "none|int8: with --model, linear weights quantized to int8 at load (default none)"},
     {"quantize-group", true, "N: with --model and --quantize int8, one scale per N input values (multiple of 8)"},
+    {"compact-bf16", true, "on|off: with --model on the CPU, bf16 linear weights in 12 bits, lossless (default on)"},
     {"prefill-ir", true, "FILE: with --model, an exported torch_ir prefill graph (with --decode-ir)"},
     {"decode-ir", true, "FILE: with --model, an exported torch_ir decode graph with a static KV cache"},
 };
@@ -101,8 +102,8 @@ void print_efficiency(const Peak& peak, double gbps, double gflops) {
 }
 
 void reject_model_options(const Args& args) {
-  for (const char* name :
-       {"prompt-tokens", "gen-tokens", "ctx", "prefill-chunk", "quantize", "quantize-group", "prefill-ir", "decode-ir"})
+  for (const char* name : {"prompt-tokens", "gen-tokens", "ctx", "prefill-chunk", "quantize", "quantize-group",
+                           "compact-bf16", "prefill-ir", "decode-ir"})
     if (args.flag(name)) fail(std::string("npusim bench: option '--") + name + "' needs --model");
 }
 
@@ -207,8 +208,8 @@ struct ModelWork {
 };
 
 // Bytes and FLOPs per token; int8 weight-only quantization stores the matmul weights in one byte each (the
-// per-channel or per-group scales are left out: under 1% of it).
-ModelWork model_work(const ModelDir& model, DType storage, WeightQuantization quantization) {
+// per-channel or per-group scales are left out: under 1% of it), compact bf16 in 12 bits (escapes left out).
+ModelWork model_work(const ModelDir& model, DType storage, WeightQuantization quantization, bool compact) {
   const ModelConfig& c = model.config();
   const double element_bytes = static_cast<double>(dtype_size(storage));
   const double elements =
@@ -216,7 +217,7 @@ ModelWork model_work(const ModelDir& model, DType storage, WeightQuantization qu
   ModelWork work;
   const double embedding = static_cast<double>(c.vocab_size * c.hidden_size);
   work.matmul_params = c.tie_word_embeddings ? elements : elements - embedding;
-  const double matmul_element_bytes = quantization == WeightQuantization::Int8 ? 1.0 : element_bytes;
+  const double matmul_element_bytes = quantization == WeightQuantization::Int8 ? 1.0 : compact ? 1.5 : element_bytes;
   work.weight_bytes = work.matmul_params * matmul_element_bytes + (elements - work.matmul_params) * element_bytes;
   const double kv_width = static_cast<double>(c.num_key_value_heads * c.head_dim);
   work.kv_bytes_per_pos = 2.0 * static_cast<double>(c.num_hidden_layers) * kv_width * element_bytes;
@@ -269,7 +270,8 @@ int bench_model(const Args& args) {
   }
 
   const Spread prefill = spread_of(prefill_ms), step = spread_of(step_ms), decode_run = spread_of(decode_run_ms);
-  const ModelWork work = model_work(model, session.dtype(), options.quantize);
+  const ModelWork work =
+      model_work(model, session.dtype(), options.quantize, compact_weights(options, session.dtype()));
   const double middle = static_cast<double>(prompt_tokens) + static_cast<double>(gen_tokens) / 2.0;
   const double prompt_tok_s = static_cast<double>(prompt_tokens) / (prefill.median / 1e3);
   const double prompt_gflops = work.prefill_flops(static_cast<double>(prompt_tokens)) / (prefill.median * 1e6);

@@ -38,6 +38,9 @@ const std::vector<OptionSpec> kModelOptions = {
     {"quantize-group", true,
      "N: with --quantize int8, one scale per N input values, a multiple of 8 (default: "
      "one per output channel)"},
+    {"compact-bf16", true,
+     "on|off: CPU backend, bf16 weights not quantized: linear weights kept in 12 bits per value without loss "
+     "(default on)"},
     {"prefill-chunk", true, "N: the largest prefill step of the native graph (default 128)"},
     {"target", true, "NAME|FILE.json: the target whose backend runs the model: cpu (default) or cuda"},
     {"prefill-ir", true, "FILE: exported torch_ir prefill graph (with --decode-ir) instead of the native builder"},

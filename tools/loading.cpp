@@ -185,6 +185,12 @@ SessionOptions session_options(const Args& args) {
     fail("--quantize-group must be a multiple of 8, got " + std::to_string(options.quantization_group));
   if (options.quantization_group > 0 && options.quantize != WeightQuantization::Int8)
     fail("--quantize-group needs --quantize int8");
+  if (const auto compact = args.value("compact-bf16")) {
+    if (*compact != "on" && *compact != "off") fail("--compact-bf16 must be on or off, got '" + *compact + "'");
+    options.compact_bf16 = *compact == "on";
+    if (options.compact_bf16 && options.backend != "cpu")
+      fail("--compact-bf16 on: compact weights are a CPU backend form; the target's backend is " + options.backend);
+  }
   options.prefill_ir = args.value("prefill-ir").value_or("");
   options.decode_ir = args.value("decode-ir").value_or("");
   if (!options.prefill_ir.empty() && options.decode_ir.empty())

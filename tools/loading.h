@@ -44,7 +44,7 @@ struct PreparedModel {
 };
 PreparedModel prepare_model(const std::string& path, const Args& args, const BackendOptions& backend);
 
-// The LLM session's options from --target, --ctx, --dtype, --threads, --quantize, --quantize-group,
+// The LLM session's options from --target, --ctx, --dtype, --threads, --quantize, --quantize-group, --compact-bf16,
 // --prefill-chunk, --prefill-ir and --decode-ir (those the command declares).
 SessionOptions session_options(const Args& args);
 

@@ -74,20 +74,23 @@ class SharedWeights {
   std::map<const std::byte*, Tensor> converted_;
 };
 
-std::unique_ptr<Backend> make_session_backend(const SessionOptions& options) {
+std::unique_ptr<Backend> make_session_backend(const SessionOptions& options, DType dtype) {
   return make_backend(options.backend, BackendOptions{.threads = options.threads,
                                                       .weights = options.quantize,
                                                       .quantization_group = options.quantization_group,
-                                                      .pack_cache = {}});
+                                                      .pack_cache = {},
+                                                      .compact_bf16 = compact_weights(options, dtype)});
 }
 
-// The CPU backend reads float weights in place; int8 quantization and other backends make their own copies.
-bool resident_weights(const SessionOptions& options) {
-  return options.backend == "cpu" && options.quantize == WeightQuantization::None;
+// The CPU backend reads float weights in place; int8 quantization, compact weights and other backends make their
+// own copies.
+bool resident_weights(const SessionOptions& options, DType dtype) {
+  return options.backend == "cpu" && options.quantize == WeightQuantization::None && !compact_weights(options, dtype);
 }
 
 // ", int8 weights" and the like, for describe().
-std::string quantization_note(const SessionOptions& options) {
+std::string quantization_note(const SessionOptions& options, DType dtype) {
+  if (compact_weights(options, dtype)) return ", bf16 linear weights in 12 bits (lossless)";
   if (options.quantize != WeightQuantization::Int8) return "";
   return options.quantization_group > 0
              ? ", int8 linear weights in groups of " + std::to_string(options.quantization_group)
@@ -95,6 +98,11 @@ std::string quantization_note(const SessionOptions& options) {
 }
 
 }  // namespace
+
+bool compact_weights(const SessionOptions& options, DType dtype) {
+  return options.backend == "cpu" && options.compact_bf16 && options.quantize == WeightQuantization::None &&
+         dtype == DType::BFloat16;
+}
 
 class Session::Engine {
  public:
@@ -140,9 +148,9 @@ class NativeEngine final : public Session::Engine {
       : config_(model.config()),
         dtype_(dtype),
         chunk_(options.prefill_chunk),
-        backend_(make_session_backend(options)),
-        weights_(model.weights(), dtype, resident_weights(options)),
-        note_(quantization_note(options)) {
+        backend_(make_session_backend(options, dtype)),
+        weights_(model.weights(), dtype, resident_weights(options, dtype)),
+        note_(quantization_note(options, dtype)) {
     check_native_support(config_);
     const int64_t limit = config_.max_position_embeddings;
     if (options.context > 0 && limit > 0 && options.context > limit)
@@ -256,9 +264,9 @@ class ExportedEngine final : public Session::Engine {
  public:
   ExportedEngine(const ModelDir& model, const SessionOptions& options, DType dtype)
       : dtype_(dtype),
-        backend_(make_session_backend(options)),
-        weights_(model.weights(), dtype, resident_weights(options)),
-        note_(quantization_note(options)) {
+        backend_(make_session_backend(options, dtype)),
+        weights_(model.weights(), dtype, resident_weights(options, dtype)),
+        note_(quantization_note(options, dtype)) {
     if (options.decode_ir.empty()) fail("--prefill-ir needs --decode-ir (the decode step that uses the cache)");
     prepare_decode(options.decode_ir);
     if (options.context > context_)

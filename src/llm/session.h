@@ -33,9 +33,16 @@ struct SessionOptions {
   // input values, a multiple of 8); activations, cache and the other weights stay in `dtype`.
   WeightQuantization quantize = WeightQuantization::None;
   int64_t quantization_group = 0;
+  // CPU backend, bf16 weights not quantized: linear weights kept in 12 bits per value without loss
+  // (backends/cpu/compact_bf16.h); decoding reads a quarter fewer bytes per token.
+  bool compact_bf16 = true;
   std::string prefill_ir;  // exported graphs instead of the native builder
   std::string decode_ir;
 };
+
+// Whether a session with these options keeps its linear weights compact (bf16 in 12 bits) for weights stored as
+// `dtype`.
+bool compact_weights(const SessionOptions& options, DType dtype);
 
 class Session {
  public:

@@ -23,7 +23,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOpti
     return std::make_unique<cpu::CpuBackend>(cpu::CpuOptions{.threads = options.threads,
                                                              .weights = options.weights,
                                                              .quantization_group = options.quantization_group,
-                                                             .pack_cache = options.pack_cache});
+                                                             .pack_cache = options.pack_cache,
+                                                             .compact_bf16 = options.compact_bf16});
 #ifdef NPUSIM_HAVE_CUDA_BACKEND
   // The device is opened when a program is prepared, so capabilities are known on machines without a GPU.
   if (name == "cuda") {

@@ -105,6 +105,8 @@ struct BackendOptions {
   int64_t quantization_group = 0;  // 0: one scale per output channel
   // CPU backend: a directory where packed weights are kept between processes (see backends/cpu/pack_cache.h).
   std::string pack_cache;
+  // CPU backend: constant bf16 linear weights kept in 12 bits per value, without loss (backends/cpu/compact_bf16.h).
+  bool compact_bf16 = false;
 };
 
 // "cpu" (the default) or "cuda". Fails naming the backend when it is unknown or not built in.

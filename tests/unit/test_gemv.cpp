@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/compact_bf16.h"
 #include "backends/cpu/gemv.h"
 #include "core/cpu_features.h"
 #include "npusim/error.h"
@@ -41,6 +42,7 @@ struct TestWeight {
   std::vector<float> f32;
   std::vector<uint16_t> half;
   QuantizedWeight quantized;
+  std::shared_ptr<const CompactBf16Weight> compact;
   std::vector<float> exact;  // [n, k]
 
   GemvWeight view() const {
@@ -52,19 +54,25 @@ struct TestWeight {
         return {.type = type, .values = half.data(), .n = n, .k = k};
       case GemvWeightType::Int8:
         return quantized.view();
+      case GemvWeightType::CompactBF16:
+        return {.type = type, .n = n, .k = k, .compact = compact.get()};
     }
     return {};
   }
 };
 
 TestWeight make_weight(GemvWeightType type, int64_t n, int64_t k, int64_t group = 0) {
-  TestWeight w{type, n, k, random_floats(n * k, static_cast<uint64_t>(n * 7919 + k)), {}, {}, {}};
+  TestWeight w{type, n, k, random_floats(n * k, static_cast<uint64_t>(n * 7919 + k)), {}, {}, {}, {}};
   w.exact = w.f32;
-  if (type == GemvWeightType::F16 || type == GemvWeightType::BF16) {
+  if (type == GemvWeightType::F16 || type == GemvWeightType::BF16 || type == GemvWeightType::CompactBF16) {
     for (float& v : w.exact) {
       const uint16_t bits = type == GemvWeightType::F16 ? float_to_fp16(v) : float_to_bf16(v);
       w.half.push_back(bits);
       v = type == GemvWeightType::F16 ? fp16_to_float(bits) : bf16_bits_to_float(bits);
+    }
+    if (type == GemvWeightType::CompactBF16) {
+      w.compact = compact_bf16(w.half.data(), n, k);
+      if (!w.compact) fail("test weight: not compact");
     }
   } else if (type == GemvWeightType::Int8) {
     w.quantized =
@@ -124,6 +132,8 @@ const char* type_name(GemvWeightType type) {
       return "bf16";
     case GemvWeightType::Int8:
       return "int8";
+    case GemvWeightType::CompactBF16:
+      return "compact_bf16";
   }
   return "?";
 }
@@ -253,7 +263,7 @@ TEST_P(GemvTest, LongRowsMatchADoublePrecisionProduct) {
 
 INSTANTIATE_TEST_SUITE_P(Weights, GemvTest,
                          ::testing::Values(GemvWeightType::F32, GemvWeightType::F16, GemvWeightType::BF16,
-                                           GemvWeightType::Int8),
+                                           GemvWeightType::Int8, GemvWeightType::CompactBF16),
                          [](const auto& info) { return std::string(type_name(info.param)); });
 
 TEST(Gemv, ColumnRangesAnywhereGiveTheSameElements) {

@@ -22,6 +22,9 @@ struct CpuOptions {
   // A directory of packed-weights files (see pack_cache.h): a program prepared again maps what an earlier preparation
   // packed instead of packing again. Empty: pack at every preparation.
   std::string pack_cache;
+  // Constant bf16 linear weights kept in 12 bits per value without loss (compact_bf16.h); a weight with too many
+  // values far below its rows' largest stays as it is.
+  bool compact_bf16 = false;
 };
 
 class CpuBackend : public Backend {

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends/cpu/compact_bf16.h"
 #include "core/cpu_features.h"
 #include "npusim/error.h"
 
@@ -72,6 +73,9 @@ struct Activations {
   const Int8Activations* int8 = nullptr;  // int8 weight on AVX2
   const float* paired = nullptr;          // bf16 weight, one row of activations, AVX2: x reordered in pairs
   const uint16_t* bf16 = nullptr;         // bf16 weight, one row of activations given as bf16, AVX-512 BF16
+  // compact bf16 weight, one row of activations, in its decoder's order: as bf16 for AVX-512 BF16, else fp32
+  const uint16_t* compact_bf16 = nullptr;
+  const float* compact_floats = nullptr;
 };
 
 bool paired_products(const GemvProblem& p) { return p.weight.type == GemvWeightType::BF16 && p.m == 1; }
@@ -124,7 +128,10 @@ void widen_row(const GemvWeight& w, int64_t j, int64_t first, int64_t count, flo
       for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(values[i]) * scales[(first + i) / w.group];
       return;
     }
+    case GemvWeightType::CompactBF16:
+      break;
   }
+  fail("gemv: compact bf16 rows are decoded before the portable product");
 }
 
 void portable_columns(const GemvProblem& p, int64_t begin, int64_t end) {
@@ -548,7 +555,10 @@ void avx2_columns(const GemvProblem& p, int64_t begin, int64_t end) {
     case GemvWeightType::Int8:
       if (scaling_of(p.weight) == Scaling::PerRow) return avx2_typed<I8Loader, Scaling::PerRow>(p, begin, end);
       return avx2_typed<I8Loader, Scaling::PerGroup>(p, begin, end);
+    case GemvWeightType::CompactBF16:
+      break;
   }
+  fail("gemv: compact bf16 rows are decoded before the AVX2 product");
 }
 
 // The largest |value| of a group, NaN values skipped (as std::max skips them).
@@ -768,6 +778,8 @@ void check_problem(const GemvProblem& p) {
   if (w.type == GemvWeightType::Int8 && w.k > 0 && (w.group < 1 || (w.group < w.k && w.group % 8 != 0)))
     fail("gemv: int8 scale groups of " + std::to_string(w.group) + " values; expected the row length (" +
          std::to_string(w.k) + ") or a multiple of 8");
+  if (w.type == GemvWeightType::CompactBF16 && (!w.compact || w.compact->n != w.n || w.compact->k != w.k))
+    fail("gemv: a compact bf16 weight without its codes, or of another shape");
 }
 
 }  // namespace
@@ -791,6 +803,7 @@ struct PreparedScratch {
   ActivationScratch int8;
   std::vector<float> paired;
   Int8Activations quantized;
+  std::vector<uint16_t> ordered_bf16;
 };
 
 // Prepares what the AVX2 kernels read besides the weight (nothing for the portable ones); the result lives in the
@@ -801,7 +814,19 @@ Activations prepare_activations([[maybe_unused]] const GemvProblem& p) {
   const GemvIsa isa = gemv_isa();
   if (isa == GemvIsa::Portable) return prepared;
   static thread_local PreparedScratch scratch;
-  if (isa == GemvIsa::Avx512 && cpu_features().avx512bf16 && paired_products(p) && p.x_bf16) {
+  if (p.weight.type == GemvWeightType::CompactBF16) {
+    if (p.m != 1) return prepared;
+    const int64_t padded = p.weight.compact->blocks() * kCompactBlock;
+    if (isa == GemvIsa::Avx512 && cpu_features().avx512bf16 && p.x_bf16) {
+      scratch.ordered_bf16.resize(static_cast<size_t>(padded));
+      order_for_avx512(p.x_bf16, p.weight.k, scratch.ordered_bf16.data());
+      prepared.compact_bf16 = scratch.ordered_bf16.data();
+    } else {
+      scratch.paired.resize(static_cast<size_t>(padded));
+      order_for_avx2(p.x, p.weight.k, scratch.paired.data());
+      prepared.compact_floats = scratch.paired.data();
+    }
+  } else if (isa == GemvIsa::Avx512 && cpu_features().avx512bf16 && paired_products(p) && p.x_bf16) {
     prepared.bf16 = p.x_bf16;
   } else if (int8_products(p.weight)) {
     avx2_quantize_activations(p, scratch.int8, scratch.quantized);
@@ -817,7 +842,46 @@ Activations prepare_activations([[maybe_unused]] const GemvProblem& p) {
   return prepared;
 }
 
+void run_columns(const GemvProblem& p, const Activations& activations, int64_t begin, int64_t end);
+
+// Rows of a compact weight decoded a few at a time into bf16 scratch, each few multiplied as a bf16 weight.
+void decoded_compact_columns(const GemvProblem& p, int64_t begin, int64_t end) {
+  constexpr int64_t kRows = 8;
+  static thread_local std::vector<uint16_t> decoded;
+  const CompactBf16Weight& compact = *p.weight.compact;
+  decoded.resize(static_cast<size_t>(kRows * p.weight.k));
+  for (int64_t j = begin; j < end; j += kRows) {
+    const int64_t rows = std::min(kRows, end - j);
+    for (int64_t r = 0; r < rows; ++r)
+      compact.decode_row(j + r, Elem::BF16, reinterpret_cast<std::byte*>(decoded.data() + r * p.weight.k));
+    GemvProblem part = p;
+    part.weight = GemvWeight{.type = GemvWeightType::BF16, .values = decoded.data(), .n = rows, .k = p.weight.k};
+    part.y = p.y + static_cast<size_t>(j) * elem_size(p.y_elem);
+    if (p.bias && p.bias_count != 1) {
+      part.bias = p.bias + static_cast<size_t>(j) * elem_size(p.bias_elem);
+      part.bias_count = rows;
+    }
+    run_columns(part, Activations{}, 0, rows);
+  }
+}
+
 void run_columns(const GemvProblem& p, const Activations& activations, int64_t begin, int64_t end) {
+  if (p.weight.type == GemvWeightType::CompactBF16) {
+#ifdef NPUSIM_GEMV_X86
+    const CompactBf16Weight& compact = *p.weight.compact;
+    if (activations.compact_bf16) {
+      for (int64_t j = begin; j < end; ++j)
+        store_result(p, 0, j, compact_dot_avx512(compact, j, activations.compact_bf16, p.x));
+      return;
+    }
+    if (activations.compact_floats) {
+      for (int64_t j = begin; j < end; ++j)
+        store_result(p, 0, j, compact_dot_avx2(compact, j, activations.compact_floats, p.x));
+      return;
+    }
+#endif
+    return decoded_compact_columns(p, begin, end);
+  }
 #ifdef NPUSIM_GEMV_X86
   if (activations.int8) {
     if (activations.int8->offset_terms) return vnni_int8_columns(p, *activations.int8, begin, end);
@@ -854,9 +918,11 @@ void gemv(const GemvProblem& problem, ThreadPool& pool) {
   }
   // Threads take chunks of columns as they come, so a thread that starts late (a busy machine) does less; chunks
   // are whole 8-column groups, so that every block of rows stays whole.
-  const int64_t bytes_per_column = problem.weight.k * (problem.weight.type == GemvWeightType::F32    ? 4
-                                                       : problem.weight.type == GemvWeightType::Int8 ? 1
-                                                                                                     : 2);
+  const GemvWeightType type = problem.weight.type;
+  const int64_t bytes_per_column = type == GemvWeightType::F32           ? problem.weight.k * 4
+                                   : type == GemvWeightType::Int8        ? problem.weight.k
+                                   : type == GemvWeightType::CompactBF16 ? problem.weight.k * 3 / 2
+                                                                         : problem.weight.k * 2;
   const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(bytes_per_column, 1) / 8 * 8);
   const int64_t chunks = (n + chunk - 1) / chunk;
   std::atomic<int64_t> next{0};

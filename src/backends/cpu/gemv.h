@@ -6,6 +6,8 @@
 // weight on AVX2 the activations are quantized too (int8, one scale per block of 32 values along k) and the products
 // run on 8-bit integer multiply-adds (VNNI where the CPU has it); with a bf16 weight, one activation row and the same
 // row given as bf16, CPUs with AVX-512 BF16 multiply bf16 pairs directly; the portable path keeps fp32 activations.
+// A compact bf16 weight is decoded in registers against one activation row, and decoded a few rows at a time into
+// bf16 scratch otherwise.
 // Work is split over the pool by output columns (weight rows); nothing is allocated per call once a thread has seen its
 // largest problem.
 #include <cstddef>
@@ -19,16 +21,20 @@ namespace npusim::cpu {
 
 constexpr int64_t kGemvMaxRows = 7;
 
-enum class GemvWeightType : uint8_t { F32, F16, BF16, Int8 };
+enum class GemvWeightType : uint8_t { F32, F16, BF16, Int8, CompactBF16 };
+
+struct CompactBf16Weight;
 
 // A weight [n, k], row-major. An int8 weight is symmetric: W[j, i] = values[j, i] * scales[j * groups + i / group]
-// with groups = ceil(k / group); `group` is k (one scale per output channel) or a multiple of 8.
+// with groups = ceil(k / group); `group` is k (one scale per output channel) or a multiple of 8. A compact bf16
+// weight (compact_bf16.h) is `compact`; `values` is unused.
 struct GemvWeight {
   GemvWeightType type = GemvWeightType::F32;
   const void* values = nullptr;
   int64_t n = 0, k = 0;
   const float* scales = nullptr;
   int64_t group = 0;
+  const CompactBf16Weight* compact = nullptr;
 
   int64_t groups() const { return group > 0 ? (k + group - 1) / group : 0; }
 };

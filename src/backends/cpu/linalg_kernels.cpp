@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 
+#include "backends/cpu/compact_bf16.h"
 #include "backends/cpu/gemv.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/packed_gemm.h"
@@ -29,8 +30,8 @@ bool float_node(const KernelContext& ctx) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // linear: out[M, N] = x[M, K] · W[N, K]^T + b. A few rows (decoding) go to the GEMV, which streams the weight in its
-// storage form; more rows go to the packed GEMM, which packs weight panels during the product. An int8 weight is
-// quantized once when the kernel is built and shared by every program that binds the same weight.
+// storage form; more rows go to the packed GEMM, which packs weight panels during the product. An int8 weight, or a
+// compact bf16 one, is made once when the kernel is built and shared by every program that binds the same weight.
 
 struct LinearShape {
   int64_t m = 0, n = 0, k = 0;
@@ -49,36 +50,66 @@ GemvWeightType gemv_type(Elem elem) {
   }
 }
 
-// Quantized weights by source address and layout; entries expire with the last kernel that uses them.
-struct QuantizedKey {
+// Weights in another form (int8, compact bf16) by source address and layout; entries expire with the last kernel
+// that uses them.
+struct FormKey {
   const std::byte* data;
   Elem elem;
   int64_t n, k, group;
-  auto operator<=>(const QuantizedKey&) const = default;
+  auto operator<=>(const FormKey&) const = default;
 };
 
-std::shared_ptr<const QuantizedWeight> shared_quantized(const LinearShape& s, int64_t group, ThreadPool& pool) {
+template <class Form, class Make>
+std::shared_ptr<const Form> shared_form(const FormKey& key, const Make& make) {
   static std::mutex mutex;
-  static std::map<QuantizedKey, std::weak_ptr<const QuantizedWeight>> cache;
-  const QuantizedKey key{s.weight.data, s.weight.elem, s.n, s.k, group};
+  static std::map<FormKey, std::weak_ptr<const Form>> cache;
   std::lock_guard<std::mutex> lock(mutex);
-  if (std::shared_ptr<const QuantizedWeight> found = cache[key].lock()) return found;
+  if (std::shared_ptr<const Form> found = cache[key].lock()) return found;
   std::erase_if(cache, [](const auto& entry) { return entry.second.expired(); });
-  auto quantized =
-      std::make_shared<const QuantizedWeight>(quantize_int8(s.weight.data, s.weight.elem, s.n, s.k, group, &pool));
-  cache[key] = quantized;
-  return quantized;
+  std::shared_ptr<const Form> made = make();
+  cache[key] = made;
+  return made;
 }
+
+std::shared_ptr<const QuantizedWeight> shared_quantized(const LinearShape& s, int64_t group, ThreadPool& pool) {
+  return shared_form<QuantizedWeight>(FormKey{s.weight.data, s.weight.elem, s.n, s.k, group}, [&] {
+    return std::make_shared<const QuantizedWeight>(quantize_int8(s.weight.data, s.weight.elem, s.n, s.k, group, &pool));
+  });
+}
+
+// Null when the weight has too many values outside its rows' windows (it is then read as it is).
+std::shared_ptr<const CompactBf16Weight> shared_compact(const LinearShape& s, ThreadPool& pool) {
+  return shared_form<CompactBf16Weight>(FormKey{s.weight.data, s.weight.elem, s.n, s.k, 0}, [&] {
+    return compact_bf16(reinterpret_cast<const uint16_t*>(s.weight.data), s.n, s.k, &pool);
+  });
+}
+
+// A weight the GEMV and the GEMM read in another form than its storage: int8 with scales, or compact bf16.
+struct WeightForm {
+  std::shared_ptr<const QuantizedWeight> quantized;
+  std::shared_ptr<const CompactBf16Weight> compact;
+
+  explicit operator bool() const { return quantized || compact; }
+  GemvWeight view() const {
+    if (quantized) return quantized->view();
+    return {.type = GemvWeightType::CompactBF16, .n = compact->n, .k = compact->k, .compact = compact.get()};
+  }
+  void widen_row(int64_t j, Elem elem, std::byte* out) const {
+    if (quantized)
+      quantized->dequantize_row(j, elem, out);
+    else
+      compact->decode_row(j, elem, out);
+  }
+};
 
 // fp32 rows of x: the buffer itself, or converted into `scratch`.
 const float* x_floats(const LinearShape& s, float* scratch) {
   return float_data(s.x.data, s.x.elem, s.m * s.k, scratch);
 }
 
-Kernel gemv_linear(const KernelContext& ctx, const LinearShape& s, std::shared_ptr<const QuantizedWeight> quantized) {
+Kernel gemv_linear(const KernelContext& ctx, const LinearShape& s, WeightForm form) {
   const GemvWeight weight =
-      quantized ? quantized->view()
-                : GemvWeight{.type = gemv_type(s.weight.elem), .values = s.weight.data, .n = s.n, .k = s.k};
+      form ? form.view() : GemvWeight{.type = gemv_type(s.weight.elem), .values = s.weight.data, .n = s.n, .k = s.k};
   GemvProblem problem{.m = s.m, .ldx = s.k, .weight = weight, .y = s.out.data, .y_elem = s.out.elem, .ldy = s.n};
   if (s.bias) {
     problem.bias = s.bias->data;
@@ -87,7 +118,7 @@ Kernel gemv_linear(const KernelContext& ctx, const LinearShape& s, std::shared_p
   }
   if (s.x.elem != Elem::F32) ctx.scratch.reserve_shared(floats_bytes(s.m * s.k));
   Kernel kernel;
-  kernel.run = [problem, s, quantized = std::move(quantized), pool = &ctx.pool, scratch = &ctx.scratch]() mutable {
+  kernel.run = [problem, s, form = std::move(form), pool = &ctx.pool, scratch = &ctx.scratch]() mutable {
     problem.x = x_floats(s, scratch->shared_as<float>());
     if (s.x.elem == Elem::BF16) problem.x_bf16 = reinterpret_cast<const uint16_t*>(s.x.data);
     gemv(problem, *pool);
@@ -124,20 +155,20 @@ Kernel gemm_linear(const KernelContext& ctx, const LinearShape& s) {
   return kernel;
 }
 
-// Many rows against an int8 weight: blocks of weight rows are widened (split over the pool) and multiplied by the
-// packed GEMM, so that the whole weight never exists widened. Against bf16 activations on a CPU with bf16 dot
-// products the rows widen to bf16 (the GEMM then multiplies bf16 pairs, twice the fp32 rate; an int8 value times its
-// scale rounded to bf16 is within 2^-9 of it), else to fp32.
-struct QuantizedGemm {
+// Many rows against a weight in another form: blocks of weight rows are widened (split over the pool) and multiplied
+// by the packed GEMM, so that the whole weight never exists widened. Compact bf16 rows decode to their bf16 values.
+// Int8 rows widen to bf16 against bf16 activations on a CPU with bf16 dot products (the GEMM then multiplies bf16
+// pairs, twice the fp32 rate; an int8 value times its scale rounded to bf16 is within 2^-9 of it), else to fp32.
+struct WidenedGemm {
   LinearShape s;
-  std::shared_ptr<const QuantizedWeight> weight;
+  WeightForm weight;
   Elem widened_elem = Elem::F32;
   int64_t block = 0;        // weight rows per block
   PackedGemm full, last;    // a whole block, and the last (shorter) one
   int64_t bias_floats = 0;  // shared scratch: the fp32 bias, then the widened block
 };
 
-void run_quantized_gemm(const QuantizedGemm& g, ThreadPool& pool, const ScratchSpace& scratch) {
+void run_widened_gemm(const WidenedGemm& g, ThreadPool& pool, const ScratchSpace& scratch) {
   const LinearShape& s = g.s;
   float* bias = scratch.shared_as<float>();
   auto* widened = reinterpret_cast<std::byte*>(bias + g.bias_floats);
@@ -146,8 +177,7 @@ void run_quantized_gemm(const QuantizedGemm& g, ThreadPool& pool, const ScratchS
   for (int64_t first = 0; first < s.n; first += g.block) {
     const int64_t rows = std::min(g.block, s.n - first);
     pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end, int) {
-      for (int64_t j = begin; j < end; ++j)
-        g.weight->dequantize_row(first + j, g.widened_elem, widened + j * row_bytes);
+      for (int64_t j = begin; j < end; ++j) g.weight.widen_row(first + j, g.widened_elem, widened + j * row_bytes);
     });
     GemmEpilogue epilogue;
     epilogue.bias = all_bias ? all_bias + first : nullptr;
@@ -160,29 +190,35 @@ void run_quantized_gemm(const QuantizedGemm& g, ThreadPool& pool, const ScratchS
   }
 }
 
-Kernel quantized_gemm_linear(const KernelContext& ctx, const LinearShape& s,
-                             std::shared_ptr<const QuantizedWeight> weight) {
+Kernel widened_gemm_linear(const KernelContext& ctx, const LinearShape& s, WeightForm weight) {
   constexpr int64_t kBlockFloats = int64_t{1} << 20;  // 4 MiB of widened fp32 weights per block
-  auto g = std::make_shared<QuantizedGemm>();
+  auto g = std::make_shared<WidenedGemm>();
   g->s = s;
   g->weight = std::move(weight);
   const CpuFeatures& cpu = cpu_features();
-  g->widened_elem = s.x.elem == Elem::BF16 && cpu.avx512() && cpu.avx512bf16 ? Elem::BF16 : Elem::F32;
+  g->widened_elem =
+      g->weight.compact || (s.x.elem == Elem::BF16 && cpu.avx512() && cpu.avx512bf16) ? Elem::BF16 : Elem::F32;
   g->block = std::min(s.n, std::max<int64_t>(16, kBlockFloats / std::max<int64_t>(s.k, 1) / 16 * 16));
   g->full = PackedGemm(GemmSpec{.m = s.m, .n = g->block, .k = s.k}, ctx.scratch);
   g->last = PackedGemm(GemmSpec{.m = s.m, .n = s.n % g->block == 0 ? g->block : s.n % g->block, .k = s.k}, ctx.scratch);
   g->bias_floats = bias_scratch_floats(s);
   ctx.scratch.reserve_shared(floats_bytes(g->bias_floats + g->block * s.k));
   Kernel kernel;
-  kernel.run = [g = std::shared_ptr<const QuantizedGemm>(g), pool = &ctx.pool, scratch = &ctx.scratch] {
-    run_quantized_gemm(*g, *pool, *scratch);
+  kernel.run = [g = std::shared_ptr<const WidenedGemm>(g), pool = &ctx.pool, scratch = &ctx.scratch] {
+    run_widened_gemm(*g, *pool, *scratch);
   };
   return kernel;
 }
 
-bool quantize_weight(const KernelContext& ctx) {
-  return ctx.options && ctx.options->weights == WeightQuantization::Int8 && ctx.constant_inputs.size() > 1 &&
-         ctx.constant_inputs[1];
+bool constant_weight(const KernelContext& ctx) { return ctx.constant_inputs.size() > 1 && ctx.constant_inputs[1]; }
+
+WeightForm weight_form(const KernelContext& ctx, const LinearShape& s) {
+  if (!ctx.options || !constant_weight(ctx)) return {};
+  if (ctx.options->weights == WeightQuantization::Int8)
+    return {.quantized = shared_quantized(s, ctx.options->quantization_group, ctx.pool), .compact = nullptr};
+  if (ctx.options->compact_bf16 && s.weight.elem == Elem::BF16)
+    return {.quantized = nullptr, .compact = shared_compact(s, ctx.pool)};
+  return {};
 }
 
 std::optional<Kernel> linear(const KernelContext& ctx) {
@@ -214,10 +250,9 @@ std::optional<Kernel> linear(const KernelContext& ctx) {
     };
     return kernel;
   }
-  std::shared_ptr<const QuantizedWeight> quantized;
-  if (quantize_weight(ctx)) quantized = shared_quantized(s, ctx.options->quantization_group, ctx.pool);
-  if (s.m <= kGemvMaxRows) return gemv_linear(ctx, s, std::move(quantized));
-  if (quantized) return quantized_gemm_linear(ctx, s, std::move(quantized));
+  WeightForm form = weight_form(ctx, s);
+  if (s.m <= kGemvMaxRows) return gemv_linear(ctx, s, std::move(form));
+  if (form) return widened_gemm_linear(ctx, s, std::move(form));
   return gemm_linear(ctx, s);
 }
 

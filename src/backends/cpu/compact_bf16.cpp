@@ -1,0 +1,286 @@
+#include "backends/cpu/compact_bf16.h"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstring>
+
+#include "backends/cpu/gemv.h"
+#include "npusim/error.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define NPUSIM_COMPACT_X86 1
+#endif
+
+namespace npusim::cpu {
+
+namespace {
+
+constexpr int64_t kNibbleBytes = kCompactBlock / 2;
+
+uint16_t exponent_of(uint16_t bits) { return static_cast<uint16_t>((bits >> 7) & 0xFF); }
+
+// The row's top exponent E over its finite values.
+int top_exponent_portable(const uint16_t* row, int64_t k) {
+  int top = 0;
+  for (int64_t i = 0; i < k; ++i)
+    if (exponent_of(row[i]) != 0xFF) top = std::max<int>(top, exponent_of(row[i]));
+  return std::max<int>(top, kCompactLowestTop);
+}
+
+// Code of one value in a row whose window starts at exponent `low`, or nullopt-like -1 for an escape.
+int code_of(uint16_t bits, int low) {
+  const int exponent = exponent_of(bits);
+  const int offset = exponent - low;
+  if (offset < 0 || offset >= kCompactWindow) return -1;
+  return ((bits >> 15) << 11) | (offset << 7) | (bits & 0x7F);
+}
+
+void put_code(uint8_t* block, int64_t t, int code) {
+  block[t] = static_cast<uint8_t>(code >> 4);
+  uint8_t& nibbles = block[kCompactBlock + t % kNibbleBytes];
+  const int shift = t < kNibbleBytes ? 0 : 4;
+  nibbles = static_cast<uint8_t>((nibbles & ~(0xF << shift)) | ((code & 0xF) << shift));
+}
+
+int code_at(const uint8_t* block, int64_t t) {
+  const int nibble = (block[kCompactBlock + t % kNibbleBytes] >> (t < kNibbleBytes ? 0 : 4)) & 0xF;
+  return (block[t] << 4) | nibble;
+}
+
+// Encodes row `row` into `out` (zeroed, blocks * kCompactBlockBytes) and appends its escapes.
+void encode_row_portable(const uint16_t* row, int64_t k, int top, uint8_t* out, std::vector<CompactEscape>& escapes) {
+  const int low = top - (kCompactWindow - 1);
+  for (int64_t i = 0; i < k; ++i) {
+    const int code = code_of(row[i], low);
+    if (code < 0) escapes.push_back({static_cast<uint32_t>(i), bf16_bits_to_float(row[i])});
+    put_code(out + i / kCompactBlock * kCompactBlockBytes, i % kCompactBlock, std::max(code, 0));
+  }
+}
+
+uint16_t decoded_bits(int code, int top) {
+  const int offset = (code >> 7) & 0xF;
+  return static_cast<uint16_t>(((code >> 11) << 15) | ((offset + top - (kCompactWindow - 1)) << 7) | (code & 0x7F));
+}
+
+void decode_row_portable(const uint8_t* codes, int64_t k, int top, uint16_t* out) {
+  for (int64_t i = 0; i < k; ++i)
+    out[i] = decoded_bits(code_at(codes + i / kCompactBlock * kCompactBlockBytes, i % kCompactBlock), top);
+}
+
+#ifdef NPUSIM_COMPACT_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,bmi2,popcnt")
+
+int top_exponent_avx2(const uint16_t* row, int64_t k) {
+  const __m256i field = _mm256_set1_epi16(0x7F80);
+  __m256i top = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m256i exponent = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i)), field);
+    top = _mm256_max_epu16(top, _mm256_andnot_si256(_mm256_cmpeq_epi16(exponent, field), exponent));
+  }
+  alignas(32) uint16_t lanes[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), top);
+  int result = 0;
+  for (uint16_t lane : lanes) result = std::max<int>(result, lane >> 7);
+  for (; i < k; ++i)
+    if (exponent_of(row[i]) != 0xFF) result = std::max<int>(result, exponent_of(row[i]));
+  return std::max<int>(result, kCompactLowestTop);
+}
+
+// 16 codes of 16 values; `escaped` gets a bit per value outside the window.
+inline __attribute__((always_inline)) __m256i codes16(__m256i bits, __m256i low, uint32_t& escaped) {
+  const __m256i offset = _mm256_sub_epi16(_mm256_and_si256(bits, _mm256_set1_epi16(0x7FFF)), low);
+  const __m256i inside = _mm256_cmpeq_epi16(_mm256_min_epu16(offset, _mm256_set1_epi16(0x7FF)), offset);
+  escaped = ~static_cast<uint32_t>(_mm256_movemask_epi8(inside));  // two bits per value
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi16(bits, 4), _mm256_set1_epi16(0x800));
+  return _mm256_and_si256(_mm256_or_si256(offset, sign), inside);
+}
+
+// Two vectors of 16 codes (values 0..15, 16..31 of a run) to 32 bytes in order.
+inline __attribute__((always_inline)) __m256i bytes_of(__m256i first, __m256i second) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi16(first, second), 0xD8);
+}
+
+void encode_block_avx2(const uint16_t* values, int64_t base, __m256i low, uint8_t* out,
+                       std::vector<CompactEscape>& escapes) {
+  __m256i codes[4];
+  for (int q = 0; q < 4; ++q) {
+    uint32_t escaped = 0;
+    codes[q] = codes16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 16 * q)), low, escaped);
+    for (; escaped != 0; escaped &= escaped - 1) {
+      const int byte = std::countr_zero(escaped);
+      escaped &= escaped - 1;  // the value's second bit
+      const int64_t t = 16 * q + byte / 2;
+      escapes.push_back({static_cast<uint32_t>(base + t), bf16_bits_to_float(values[t])});
+    }
+  }
+  const __m256i nibble = _mm256_set1_epi16(0xF);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      bytes_of(_mm256_srli_epi16(codes[0], 4), _mm256_srli_epi16(codes[1], 4)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32),
+                      bytes_of(_mm256_srli_epi16(codes[2], 4), _mm256_srli_epi16(codes[3], 4)));
+  const __m256i low_nibbles = bytes_of(_mm256_and_si256(codes[0], nibble), _mm256_and_si256(codes[1], nibble));
+  const __m256i high_nibbles = bytes_of(_mm256_and_si256(codes[2], nibble), _mm256_and_si256(codes[3], nibble));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kCompactBlock),
+                      _mm256_or_si256(low_nibbles, _mm256_slli_epi16(high_nibbles, 4)));
+}
+
+void encode_row_avx2(const uint16_t* row, int64_t k, int top, uint8_t* out, std::vector<CompactEscape>& escapes) {
+  const __m256i low = _mm256_set1_epi16(static_cast<int16_t>((top - (kCompactWindow - 1)) << 7));
+  const int64_t whole = k / kCompactBlock;
+  for (int64_t b = 0; b < whole; ++b)
+    encode_block_avx2(row + b * kCompactBlock, b * kCompactBlock, low, out + b * kCompactBlockBytes, escapes);
+  if (whole * kCompactBlock < k) {
+    const int64_t first = whole * kCompactBlock;
+    std::vector<CompactEscape> unused;
+    std::vector<uint16_t> tail(row + first, row + k);
+    encode_row_portable(tail.data(), k - first, top, out + whole * kCompactBlockBytes, unused);
+    for (CompactEscape& escape : unused) escape.column += static_cast<uint32_t>(first);
+    escapes.insert(escapes.end(), unused.begin(), unused.end());
+  }
+}
+
+// The four vectors of 16 codes of a block, each lane code << 4: values [0..7, 16..23], [8..15, 24..31],
+// [32..39, 48..55], [40..47, 56..63].
+inline __attribute__((always_inline)) void block_lanes(const uint8_t* block, __m256i (&lanes)[4]) {
+  const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCompactBlock));
+  const __m256i high_mask = _mm256_set1_epi8(static_cast<char>(0xF0));
+  const __m256i first = _mm256_and_si256(_mm256_slli_epi16(nibbles, 4), high_mask);
+  const __m256i second = _mm256_and_si256(nibbles, high_mask);
+  const __m256i high0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+  const __m256i high1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+  lanes[0] = _mm256_unpacklo_epi8(first, high0);
+  lanes[1] = _mm256_unpackhi_epi8(first, high0);
+  lanes[2] = _mm256_unpacklo_epi8(second, high1);
+  lanes[3] = _mm256_unpackhi_epi8(second, high1);
+}
+
+// code << 4 to sign << 15 | d << 7 | mantissa.
+inline __attribute__((always_inline)) __m256i sign_offset_mantissa(__m256i lane) {
+  return _mm256_and_si256(_mm256_srai_epi16(lane, 4), _mm256_set1_epi16(static_cast<int16_t>(0x87FF)));
+}
+
+void decode_row_avx2(const uint8_t* codes, int64_t k, int top, uint16_t* out) {
+  const __m256i exponent = _mm256_set1_epi16(static_cast<int16_t>((top - (kCompactWindow - 1)) << 7));
+  const int64_t whole = k / kCompactBlock;
+  for (int64_t b = 0; b < whole; ++b) {
+    __m256i lanes[4];
+    block_lanes(codes + b * kCompactBlockBytes, lanes);
+    __m256i bits[4];
+    for (int q = 0; q < 4; ++q) bits[q] = _mm256_add_epi16(sign_offset_mantissa(lanes[q]), exponent);
+    auto* dst = reinterpret_cast<__m256i*>(out + b * kCompactBlock);
+    _mm256_storeu_si256(dst, _mm256_permute2x128_si256(bits[0], bits[1], 0x20));
+    _mm256_storeu_si256(dst + 1, _mm256_permute2x128_si256(bits[0], bits[1], 0x31));
+    _mm256_storeu_si256(dst + 2, _mm256_permute2x128_si256(bits[2], bits[3], 0x20));
+    _mm256_storeu_si256(dst + 3, _mm256_permute2x128_si256(bits[2], bits[3], 0x31));
+  }
+  const int64_t first = whole * kCompactBlock;
+  if (first < k) {
+    uint16_t tail[kCompactBlock];
+    decode_row_portable(codes + whole * kCompactBlockBytes, kCompactBlock, top, tail);
+    std::copy(tail, tail + (k - first), out + first);
+  }
+}
+
+#pragma GCC pop_options
+#endif
+
+bool vector_isa() { return gemv_isa() != GemvIsa::Portable; }
+
+}  // namespace
+
+float CompactBf16Weight::row_scale(int64_t j) const {
+  return std::bit_cast<float>(static_cast<uint32_t>(top[static_cast<size_t>(j)]) << 23);
+}
+
+void CompactBf16Weight::decode_row(int64_t j, Elem elem, std::byte* out) const {
+  if (elem != Elem::BF16 && elem != Elem::F32) fail("compact bf16 weight: rows decode to bfloat16 or float32 only");
+  const int top_exponent = top[static_cast<size_t>(j)];
+  std::vector<uint16_t> widened;
+  uint16_t* bits = reinterpret_cast<uint16_t*>(out);
+  if (elem == Elem::F32) {
+    static thread_local std::vector<uint16_t> scratch;
+    scratch.resize(static_cast<size_t>(k));
+    bits = scratch.data();
+  }
+#ifdef NPUSIM_COMPACT_X86
+  if (vector_isa())
+    decode_row_avx2(row_codes(j), k, top_exponent, bits);
+  else
+#endif
+    decode_row_portable(row_codes(j), k, top_exponent, bits);
+  for (int64_t e = escape_at[static_cast<size_t>(j)]; e < escape_at[static_cast<size_t>(j) + 1]; ++e) {
+    const CompactEscape& escape = escapes[static_cast<size_t>(e)];
+    bits[escape.column] = static_cast<uint16_t>(std::bit_cast<uint32_t>(escape.value) >> 16);
+  }
+  if (elem == Elem::F32)
+    to_float(reinterpret_cast<const std::byte*>(bits), Elem::BF16, reinterpret_cast<float*>(out), k);
+}
+
+int64_t CompactBf16Weight::stored_bytes() const {
+  return static_cast<int64_t>(codes.size() + top.size() + escapes.size() * sizeof(CompactEscape) +
+                              escape_at.size() * sizeof(int64_t));
+}
+
+std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int64_t n, int64_t k, ThreadPool* pool,
+                                                      double escape_share) {
+  if (n < 0 || k < 0) fail("compact bf16: negative weight dims");
+  if (k > int64_t{UINT32_MAX}) fail("compact bf16: rows of " + std::to_string(k) + " values are too long");
+  auto weight = std::make_shared<CompactBf16Weight>();
+  weight->n = n;
+  weight->k = k;
+  weight->codes = AlignedBuffer(static_cast<size_t>(n * weight->blocks() * kCompactBlockBytes), Pages::Huge);
+  weight->top.resize(static_cast<size_t>(n));
+  const auto limit = static_cast<int64_t>(escape_share * static_cast<double>(n * k));
+  // Each piece of rows collects its escapes on its own; they are joined in row order afterwards.
+  const int64_t pieces = std::max<int64_t>(1, std::min<int64_t>(n, 64));
+  std::vector<std::vector<CompactEscape>> escapes(static_cast<size_t>(pieces));
+  std::vector<std::vector<int64_t>> counts(static_cast<size_t>(pieces));
+  std::atomic<int64_t> total{0};
+  const bool vectors = vector_isa();
+  const auto encode_piece = [&](int64_t piece) {
+    const int64_t begin = n * piece / pieces, end = n * (piece + 1) / pieces;
+    std::vector<CompactEscape>& found = escapes[static_cast<size_t>(piece)];
+    for (int64_t j = begin; j < end && total.load(std::memory_order_relaxed) <= limit; ++j) {
+      const uint16_t* row = bits + j * k;
+      uint8_t* out = reinterpret_cast<uint8_t*>(weight->codes.data()) + j * weight->blocks() * kCompactBlockBytes;
+      const size_t before = found.size();
+#ifdef NPUSIM_COMPACT_X86
+      if (vectors) {
+        const int top = top_exponent_avx2(row, k);
+        weight->top[static_cast<size_t>(j)] = static_cast<uint8_t>(top);
+        encode_row_avx2(row, k, top, out, found);
+      } else
+#endif
+      {
+        const int top = top_exponent_portable(row, k);
+        weight->top[static_cast<size_t>(j)] = static_cast<uint8_t>(top);
+        encode_row_portable(row, k, top, out, found);
+      }
+      counts[static_cast<size_t>(piece)].push_back(static_cast<int64_t>(found.size() - before));
+      total.fetch_add(static_cast<int64_t>(found.size() - before), std::memory_order_relaxed);
+    }
+  };
+  (void)vectors;
+  if (pool)
+    pool->parallel_for(pieces, 1, [&](int64_t begin, int64_t end, int) {
+      for (int64_t piece = begin; piece < end; ++piece) encode_piece(piece);
+    });
+  else
+    for (int64_t piece = 0; piece < pieces; ++piece) encode_piece(piece);
+  if (total.load() > limit) return nullptr;
+  weight->escape_at.reserve(static_cast<size_t>(n + 1));
+  weight->escape_at.push_back(0);
+  for (int64_t piece = 0; piece < pieces; ++piece) {
+    for (int64_t count : counts[static_cast<size_t>(piece)])
+      weight->escape_at.push_back(weight->escape_at.back() + count);
+    weight->escapes.insert(weight->escapes.end(), escapes[static_cast<size_t>(piece)].begin(),
+                           escapes[static_cast<size_t>(piece)].end());
+  }
+  return weight;
+}
+
+}  // namespace npusim::cpu

@@ -1,0 +1,73 @@
+#pragma once
+// bf16 weights in 12 bits per value, without loss. Decoding streams every weight once per token, so fewer bytes
+// are a faster step wherever memory bandwidth sets the speed; the values the products see are the bf16 values
+// themselves.
+//
+// The values of one row lie within a few binades of its largest one: a row keeps its top exponent E (at least 16)
+// once, and each value its sign, its exponent as an offset d = e - (E - 15) in 0..15, and its 7 mantissa bits:
+// code = sign << 11 | d << 7 | mantissa. A value outside the row's 16 binades (zero, subnormals, tiny values,
+// Inf, NaN) is an escape: it keeps code 0 and its exact value in the row's escape list. Rows are split in blocks
+// of 64 values stored in 96 bytes: the 64 codes' high bytes (code >> 4), then 32 bytes of low nibbles (byte t:
+// value t in its low nibble, value t + 32 in its high one). The last block of a row is padded with code 0.
+//
+// A code decodes without the row's exponent to bf16 bits sign << 15 | (112 + d) << 7 | mantissa, the value times
+// 2^(127 - E): products sum those and scale the row's sum by 2^(E - 127) exactly, then add what the escapes differ
+// by. Vector decoders yield a block's values in an order of their own (see compact_bf16_gemv.cpp); the
+// activations are put in that order once per product.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backends/cpu/storage.h"
+#include "backends/cpu/thread_pool.h"
+
+namespace npusim::cpu {
+
+constexpr int64_t kCompactBlock = 64;       // values per block
+constexpr int64_t kCompactBlockBytes = 96;  // 64 high bytes, 32 bytes of nibbles
+constexpr int64_t kCompactWindow = 16;      // binades a row's codes cover
+constexpr int64_t kCompactLowestTop = 16;   // the smallest top exponent a row keeps, so that its window is normal
+
+struct CompactEscape {
+  uint32_t column = 0;
+  float value = 0.0f;  // the bf16 value, exactly
+};
+
+// A bf16 weight [n, k] in compact form, owned.
+struct CompactBf16Weight {
+  AlignedBuffer codes;             // [n, blocks() * kCompactBlockBytes]
+  std::vector<uint8_t> top;        // [n]: each row's top exponent E
+  std::vector<int64_t> escape_at;  // [n + 1]: row j's escapes are escapes[escape_at[j], escape_at[j + 1])
+  std::vector<CompactEscape> escapes;
+  int64_t n = 0, k = 0;
+
+  int64_t blocks() const { return (k + kCompactBlock - 1) / kCompactBlock; }
+  const uint8_t* row_codes(int64_t j) const {
+    return reinterpret_cast<const uint8_t*>(codes.data()) + j * blocks() * kCompactBlockBytes;
+  }
+  // 2^(E - 127) for row j: what its decoded sums are multiplied by.
+  float row_scale(int64_t j) const;
+  // Row j's k values in order, exactly, as bf16 bits or fp32 (elem BF16 or F32).
+  void decode_row(int64_t j, Elem elem, std::byte* out) const;
+  // Bytes a product reads: codes, top exponents and escapes.
+  int64_t stored_bytes() const;
+};
+
+// The compact form of a bf16 weight [n, k] (bits, row-major), or null when more than `escape_share` of its values
+// would be escapes (the weight then stays as it is: escapes cost a product 8 bytes each). Rows are split over the
+// pool.
+constexpr double kCompactEscapeShare = 1.0 / 256;
+std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int64_t n, int64_t k,
+                                                      ThreadPool* pool = nullptr,
+                                                      double escape_share = kCompactEscapeShare);
+
+// Products of one activation row x [k] with row j of a compact weight, without bias (compact_bf16_gemv.cpp).
+// `x_ordered` is x put in the decoder's order by order_for_avx2 / order_for_avx512: blocks() * kCompactBlock
+// values, zero past k. The AVX-512 kernel multiplies bf16 pairs and so takes x as bf16 (exactly x).
+void order_for_avx2(const float* x, int64_t k, float* out);
+void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out);
+float compact_dot_avx2(const CompactBf16Weight& weight, int64_t j, const float* x_ordered, const float* x);
+float compact_dot_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x);
+
+}  // namespace npusim::cpu

@@ -1,0 +1,163 @@
+// bf16 weights in 12 bits (backends/cpu/compact_bf16.h): every value decodes to its own bits, specials included,
+// on every implementation; the encoders agree byte for byte; products with escapes match the bf16 product; a
+// weight with too many escapes is left as it is.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/compact_bf16.h"
+#include "backends/cpu/gemv.h"
+#include "random_values.h"
+
+namespace npusim::cpu {
+namespace {
+
+std::vector<GemvIsa> available_isas() {
+  force_gemv_isa(std::nullopt);
+  std::vector<GemvIsa> isas;
+  for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2, GemvIsa::Avx512})
+    if (isa <= gemv_isa()) isas.push_back(isa);
+  return isas;
+}
+
+class CompactBf16 : public ::testing::Test {
+ protected:
+  void TearDown() override { force_gemv_isa(std::nullopt); }
+};
+
+// Normal-looking weights (scale 0.02, as initialised layers) with a sprinkling of every special: zeros of both
+// signs, subnormals, values far below the row's top, the largest finite values, infinities and NaN.
+std::vector<uint16_t> weight_bits(int64_t n, int64_t k, uint32_t seed, bool specials) {
+  const std::vector<float> values = test::random_floats(n * k, seed, -0.05f, 0.05f);
+  std::vector<uint16_t> bits;
+  for (float v : values) bits.push_back(float_to_bf16(v));
+  if (!specials) return bits;
+  const uint16_t kSpecials[] = {0x0000, 0x8000, 0x0001, 0x807F, 0x0080, 0x2000, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80, 0x7FC1};
+  for (size_t i = 0; i < bits.size(); i += 37) bits[i] = kSpecials[(i / 37) % std::size(kSpecials)];
+  return bits;
+}
+
+std::vector<uint16_t> decoded(const CompactBf16Weight& w) {
+  std::vector<uint16_t> out(static_cast<size_t>(w.n * w.k), 0xDEAD);
+  for (int64_t j = 0; j < w.n; ++j) w.decode_row(j, Elem::BF16, reinterpret_cast<std::byte*>(out.data() + j * w.k));
+  return out;
+}
+
+TEST_F(CompactBf16, EveryValueDecodesToItsOwnBits) {
+  for (int64_t k : {0, 1, 7, 63, 64, 65, 130, 1543})
+    for (int64_t n : {0, 1, 5}) {
+      const std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(n * 101 + k), true);
+      for (GemvIsa isa : available_isas()) {
+        force_gemv_isa(isa);
+        const auto w = compact_bf16(bits.data(), n, k, nullptr, 1.0);
+        ASSERT_NE(w, nullptr) << "k=" << k;
+        const std::string label =
+            "n=" + std::to_string(n) + " k=" + std::to_string(k) + " isa " + std::to_string(static_cast<int>(isa));
+        EXPECT_EQ(decoded(*w), bits) << label;
+        std::vector<float> floats(static_cast<size_t>(k), 1234.5f);
+        for (int64_t j = 0; j < n; ++j) {
+          w->decode_row(j, Elem::F32, reinterpret_cast<std::byte*>(floats.data()));
+          for (int64_t i = 0; i < k; ++i)
+            ASSERT_EQ(std::bit_cast<uint32_t>(floats[static_cast<size_t>(i)]),
+                      uint32_t{bits[static_cast<size_t>(j * k + i)]} << 16)
+                << label << " at [" << j << ", " << i << "]";
+        }
+      }
+    }
+}
+
+TEST_F(CompactBf16, EncodersAgreeByteForByte) {
+  const std::vector<uint16_t> bits = weight_bits(9, 1000, 7, true);
+  force_gemv_isa(GemvIsa::Portable);
+  const auto portable = compact_bf16(bits.data(), 9, 1000, nullptr, 1.0);
+  force_gemv_isa(std::nullopt);
+  ThreadPool pool(2);
+  const auto vector = compact_bf16(bits.data(), 9, 1000, &pool, 1.0);
+  ASSERT_EQ(portable->codes.size(), vector->codes.size());
+  EXPECT_EQ(std::memcmp(portable->codes.data(), vector->codes.data(), portable->codes.size()), 0);
+  EXPECT_EQ(portable->top, vector->top);
+  EXPECT_EQ(portable->escape_at, vector->escape_at);
+  ASSERT_EQ(portable->escapes.size(), vector->escapes.size());
+  for (size_t e = 0; e < portable->escapes.size(); ++e) {
+    EXPECT_EQ(portable->escapes[e].column, vector->escapes[e].column);
+    EXPECT_EQ(std::bit_cast<uint32_t>(portable->escapes[e].value), std::bit_cast<uint32_t>(vector->escapes[e].value));
+  }
+}
+
+TEST_F(CompactBf16, StoresTwelveBitsPerValue) {
+  const std::vector<uint16_t> bits = weight_bits(64, 1536, 3, false);
+  const auto w = compact_bf16(bits.data(), 64, 1536);
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(static_cast<int64_t>(w->codes.size()), 64 * 1536 * 3 / 2);
+  EXPECT_LT(w->stored_bytes(), 64 * 1536 * 2 * 76 / 100);
+}
+
+TEST_F(CompactBf16, LeavesWeightsWithManyEscapesAsTheyAre) {
+  std::vector<uint16_t> bits = weight_bits(4, 512, 5, false);
+  for (size_t i = 0; i < bits.size(); i += 2) bits[i] = 0;  // half the values zero
+  EXPECT_EQ(compact_bf16(bits.data(), 4, 512), nullptr);
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = i % 300 == 0 ? uint16_t{0} : float_to_bf16(0.01f);
+  EXPECT_NE(compact_bf16(bits.data(), 4, 512), nullptr);  // one in 300: kept compact
+}
+
+// Rows with escapes (zeros, subnormals, tiny values) against the same product over the plain bf16 weight.
+TEST_F(CompactBf16, ProductsWithEscapesMatchTheBf16Product) {
+  ThreadPool pool(2);
+  for (int64_t k : {64, 100, 1543}) {
+    const int64_t n = 21;
+    std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(k), false);
+    for (size_t i = 3; i < bits.size(); i += 211) bits[i] = i % 2 ? uint16_t{0x0003} : uint16_t{0x8000};
+    bits[5] = 0x1F00;  // far below the row's top
+    const auto w = compact_bf16(bits.data(), n, k, nullptr, 1.0);
+    ASSERT_NE(w, nullptr);
+    ASSERT_GT(w->escapes.size(), 0u);
+    for (int64_t m : {1, 3}) {
+      std::vector<float> x = test::random_floats(m * k, static_cast<uint32_t>(m + k));
+      std::vector<uint16_t> x_bf16;
+      for (float& v : x) {
+        x_bf16.push_back(float_to_bf16(v));
+        v = bf16_bits_to_float(x_bf16.back());
+      }
+      for (GemvIsa isa : available_isas()) {
+        force_gemv_isa(isa);
+        std::vector<float> plain(static_cast<size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
+        std::vector<float> compact = plain;
+        GemvProblem problem{.m = m, .x = x.data(), .ldx = k, .x_bf16 = m == 1 ? x_bf16.data() : nullptr, .ldy = n};
+        problem.weight = {.type = GemvWeightType::BF16, .values = bits.data(), .n = n, .k = k};
+        problem.y = reinterpret_cast<std::byte*>(plain.data());
+        gemv(problem, pool);
+        problem.weight = {.type = GemvWeightType::CompactBF16, .n = n, .k = k, .compact = w.get()};
+        problem.y = reinterpret_cast<std::byte*>(compact.data());
+        gemv(problem, pool);
+        for (int64_t i = 0; i < m * n; ++i) {
+          double magnitude = 0.0;
+          for (int64_t t = 0; t < k; ++t)
+            magnitude += std::fabs(x[static_cast<size_t>(i / n * k + t)] *
+                                   bf16_bits_to_float(bits[static_cast<size_t>(i % n * k + t)]));
+          ASSERT_NEAR(compact[static_cast<size_t>(i)], plain[static_cast<size_t>(i)], 1e-5 * magnitude + 1e-30)
+              << "k=" << k << " m=" << m << " isa " << static_cast<int>(isa) << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CompactBf16, RejectsAMismatchedView) {
+  const std::vector<uint16_t> bits = weight_bits(3, 64, 1, false);
+  const auto w = compact_bf16(bits.data(), 3, 64);
+  std::vector<float> x(64, 1.0f), y(4);
+  GemvProblem problem{.m = 1, .x = x.data(), .ldx = 64, .y = reinterpret_cast<std::byte*>(y.data()), .ldy = 4};
+  problem.weight = {.type = GemvWeightType::CompactBF16, .n = 4, .k = 64, .compact = w.get()};
+  ThreadPool pool(1);
+  EXPECT_THROW(gemv(problem, pool), Error);
+  problem.weight.compact = nullptr;
+  EXPECT_THROW(gemv(problem, pool), Error);
+}
+
+}  // namespace
+}  // namespace npusim::cpu
