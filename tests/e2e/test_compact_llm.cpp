@@ -1,47 +1,25 @@
 // Compact bf16 linear weights (12 bits per value, lossless) on the qwen_tiny fixture: every linear weight of the
-// fixture takes the compact form; sessions with it follow the sessions without it (the prompt's logits exactly,
-// where the GEMM multiplies the decoded rows; the decode steps' within summation-order rounding), through the native
+// fixture takes the compact form; sessions with it follow the sessions without it (the prompt's logits exactly: its
+// products read the bf16 weights on the GEMM; the decode steps' within summation-order rounding), through the native
 // builder and the exported graphs; and the `--compact-bf16` option of `npusim generate` and `npusim bench`.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-
 #include "backends/cpu/compact_bf16.h"
-#include "e2e_util.h"
 #include "llm/model_dir.h"
 #include "llm/sampler.h"
 #include "llm/session.h"
+#include "qwen_tiny.h"
 #include "runtime/compare.h"
 #include "runtime/safetensors.h"
 
 namespace npusim {
 namespace {
 
-namespace fs = std::filesystem;
-
-const std::string kTiny = test::kFixtures + "/qwen_tiny";
+const std::string kTiny = test::kQwenTiny;
 
 const ModelDir& tiny() {
-  static const ModelDir model = [] {
-    const std::string dir = test::work_dir("compact/qwen_tiny");
-    for (const char* name : {"config.json", "model.safetensors"})
-      fs::copy_file(kTiny + "/" + name, dir + "/" + name, fs::copy_options::overwrite_existing);
-    return ModelDir::open(dir);
-  }();
+  static const ModelDir model = test::copy_of_qwen_tiny("compact/qwen_tiny");
   return model;
-}
-
-std::vector<int32_t> prompt() {
-  std::ifstream in(kTiny + "/greedy.json");
-  return nlohmann::json::parse(in).at("prompt").get<std::vector<int32_t>>();
-}
-
-Tensor as_tensor(const std::vector<float>& values) {
-  Tensor t(DType::Float32, {1, static_cast<int64_t>(values.size())});
-  std::copy(values.begin(), values.end(), t.mutable_data<float>());
-  return t;
 }
 
 SessionOptions plain(SessionOptions options) {
@@ -68,11 +46,11 @@ void expect_logits_follow(const SessionOptions& options, const std::string& what
   Session expected_session(tiny(), plain(options)), compact_session(tiny(), options);
   EXPECT_NE(compact_session.describe().find("12 bits"), std::string::npos) << compact_session.describe();
   EXPECT_EQ(expected_session.describe().find("12 bits"), std::string::npos) << expected_session.describe();
-  const std::vector<int32_t> tokens = prompt();
+  const std::vector<int32_t> tokens = test::qwen_tiny_prompt();
   std::vector<float> expected = expected_session.feed(tokens), actual = compact_session.feed(tokens);
   if (exact_prompt) EXPECT_EQ(actual, expected) << what << ": the prompt's logits";
   for (int step = 0; step < 6; ++step) {
-    const Comparison c = compare_tensors(as_tensor(actual), as_tensor(expected));
+    const Comparison c = compare_tensors(test::logits_tensor(actual), test::logits_tensor(expected));
     EXPECT_GT(c.pearson, 0.99999) << what << ", step " << step << ": " << c.summary();
     EXPECT_TRUE(c.all_argmax_match()) << what << ", step " << step << ": " << c.summary();
     const int32_t next = argmax(expected);
@@ -105,7 +83,7 @@ TEST(CompactLlm, AppliesToBf16WeightsOnTheCpuOnly) {
 
 TEST(CompactLlm, CommandsTakeTheOption) {
   std::string ids;
-  for (int32_t id : prompt()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  for (int32_t id : test::qwen_tiny_prompt()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
   const std::string base = test::cli() + " generate --model " + tiny().path() + " --prompt-ids " + ids +
                            " --ids -n 4 --greedy --dtype bfloat16";
   const auto ids_of = [&](const std::string& options) {

@@ -141,8 +141,8 @@ TEST(ProfileTrace, ReportShowsPartitionsAndTransfersBeforeRunning) {
   // Columns: cpu, cuda, reference, then the target.
   const auto table = test::run_command(cli() + " ops --target " + f.target);
   ASSERT_EQ(table.exit_code, 0) << table.output;
-  EXPECT_TRUE(std::regex_search(
-      table.output, std::regex(R"(\ncumsum +(kernel|generic) +(kernel|generic) +kernel +fallback cpu\n)")))
+  EXPECT_TRUE(std::regex_search(table.output,
+                                std::regex(R"(\ncumsum +(kernel|generic) +(kernel|generic) +kernel +fallback cpu\n)")))
       << table.output;
   EXPECT_TRUE(
       std::regex_search(table.output, std::regex(R"(\nrelu +(kernel|generic) +(kernel|generic) +kernel +yes\n)")));

@@ -3,42 +3,20 @@
 // GEMV) and the exported graphs, and the `--quantize` option of `npusim generate`.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-
-#include "e2e_util.h"
 #include "llm/model_dir.h"
 #include "llm/sampler.h"
 #include "llm/session.h"
+#include "qwen_tiny.h"
 #include "runtime/compare.h"
 
 namespace npusim {
 namespace {
 
-namespace fs = std::filesystem;
-
-const std::string kTiny = test::kFixtures + "/qwen_tiny";
+const std::string kTiny = test::kQwenTiny;
 
 const ModelDir& tiny() {
-  static const ModelDir model = [] {
-    const std::string dir = test::work_dir("quantized/qwen_tiny");
-    for (const char* name : {"config.json", "model.safetensors"})
-      fs::copy_file(kTiny + "/" + name, dir + "/" + name, fs::copy_options::overwrite_existing);
-    return ModelDir::open(dir);
-  }();
+  static const ModelDir model = test::copy_of_qwen_tiny("quantized/qwen_tiny");
   return model;
-}
-
-std::vector<int32_t> prompt() {
-  std::ifstream in(kTiny + "/greedy.json");
-  return nlohmann::json::parse(in).at("prompt").get<std::vector<int32_t>>();
-}
-
-Tensor as_tensor(const std::vector<float>& values) {
-  Tensor t(DType::Float32, {1, static_cast<int64_t>(values.size())});
-  std::copy(values.begin(), values.end(), t.mutable_data<float>());
-  return t;
 }
 
 SessionOptions with_int8(SessionOptions options, int64_t group = 0) {
@@ -51,10 +29,10 @@ SessionOptions with_int8(SessionOptions options, int64_t group = 0) {
 void expect_logits_follow(const SessionOptions& plain_options, const SessionOptions& int8_options,
                           const std::string& what) {
   Session plain(tiny(), plain_options), quantized(tiny(), int8_options);
-  const std::vector<int32_t> tokens = prompt();
+  const std::vector<int32_t> tokens = test::qwen_tiny_prompt();
   std::vector<float> expected = plain.feed(tokens), actual = quantized.feed(tokens);
   for (int step = 0; step < 6; ++step) {
-    const Comparison c = compare_tensors(as_tensor(actual), as_tensor(expected));
+    const Comparison c = compare_tensors(test::logits_tensor(actual), test::logits_tensor(expected));
     EXPECT_GT(c.pearson, 0.999) << what << ", step " << step << ": " << c.summary();
     EXPECT_TRUE(c.all_argmax_match()) << what << ", step " << step << ": " << c.summary();
     EXPECT_GT(c.max_abs_diff, 0.0) << what << ": the int8 session gave the unquantized logits exactly";
@@ -92,7 +70,7 @@ TEST(QuantizedLlm, DescribesAndChecksTheQuantization) {
 
 TEST(QuantizedLlm, GenerateCommandTakesQuantize) {
   std::string ids;
-  for (int32_t id : prompt()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  for (int32_t id : test::qwen_tiny_prompt()) ids += (ids.empty() ? "" : ",") + std::to_string(id);
   const std::string base = test::cli() + " generate --model " + tiny().path() + " --prompt-ids " + ids +
                            " --ids -n 4 --greedy --dtype bfloat16";
   // stdout only: the token ids

@@ -12,18 +12,11 @@
 
 #include "backends/cpu/compact_bf16.h"
 #include "backends/cpu/gemv.h"
+#include "gemv_isas.h"
 #include "random_values.h"
 
 namespace npusim::cpu {
 namespace {
-
-std::vector<GemvIsa> available_isas() {
-  force_gemv_isa(std::nullopt);
-  std::vector<GemvIsa> isas;
-  for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2, GemvIsa::Avx512})
-    if (isa <= gemv_isa()) isas.push_back(isa);
-  return isas;
-}
 
 class CompactBf16 : public ::testing::Test {
  protected:
@@ -52,7 +45,7 @@ TEST_F(CompactBf16, EveryValueDecodesToItsOwnBits) {
   for (int64_t k : {0, 1, 7, 63, 64, 65, 130, 1543})
     for (int64_t n : {0, 1, 5}) {
       const std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(n * 101 + k), true);
-      for (GemvIsa isa : available_isas()) {
+      for (GemvIsa isa : test::available_gemv_isas()) {
         force_gemv_isa(isa);
         const auto w = compact_bf16(bits.data(), n, k, nullptr, 1.0);
         ASSERT_NE(w, nullptr) << "k=" << k;
@@ -123,7 +116,7 @@ TEST_F(CompactBf16, ProductsWithEscapesMatchTheBf16Product) {
         x_bf16.push_back(float_to_bf16(v));
         v = bf16_bits_to_float(x_bf16.back());
       }
-      for (GemvIsa isa : available_isas()) {
+      for (GemvIsa isa : test::available_gemv_isas()) {
         force_gemv_isa(isa);
         std::vector<float> plain(static_cast<size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
         std::vector<float> compact = plain;

@@ -12,6 +12,7 @@
 #include "backends/cpu/compact_bf16.h"
 #include "backends/cpu/gemv.h"
 #include "core/cpu_features.h"
+#include "gemv_isas.h"
 #include "npusim/error.h"
 
 namespace npusim::cpu {
@@ -170,15 +171,6 @@ void check_product(const TestWeight& w, int64_t m, const std::vector<float>& x, 
   }
 }
 
-// The implementations this CPU can run.
-std::vector<GemvIsa> available_isas() {
-  force_gemv_isa(std::nullopt);
-  std::vector<GemvIsa> isas;
-  for (GemvIsa isa : {GemvIsa::Portable, GemvIsa::Avx2, GemvIsa::Avx512})
-    if (isa <= gemv_isa()) isas.push_back(isa);
-  return isas;
-}
-
 const char* isa_name(GemvIsa isa) {
   switch (isa) {
     case GemvIsa::Portable:
@@ -211,7 +203,7 @@ TEST_P(GemvTest, EveryShapeMatchesADoublePrecisionProduct) {
       const TestWeight w = make_weight(GetParam(), n, k);
       for (int64_t m : {1, 2, 3, 7}) {
         const std::vector<float> random = random_floats(m * k, static_cast<uint64_t>(m * 31 + k));
-        for (GemvIsa isa : available_isas()) {
+        for (GemvIsa isa : test::available_gemv_isas()) {
           const std::vector<float> x = activations_for(isa, random);
           const Expected expected = naive_product(x, m, w, {});
           force_gemv_isa(isa);
@@ -229,7 +221,7 @@ TEST_P(GemvTest, EveryShapeMatchesADoublePrecisionProduct) {
 
 TEST_P(GemvTest, AddsTheBiasPerColumnOrOnce) {
   ThreadPool pool(2);
-  for (GemvIsa isa : available_isas()) {
+  for (GemvIsa isa : test::available_gemv_isas()) {
     force_gemv_isa(isa);
     for (int64_t m : {1, 5}) {
       const TestWeight w = make_weight(GetParam(), 37, 45);
@@ -249,7 +241,7 @@ TEST_P(GemvTest, LongRowsMatchADoublePrecisionProduct) {
       const TestWeight w = make_weight(GetParam(), n, k);
       for (int64_t m : {1, 2}) {
         const std::vector<float> random = random_floats(m * k, static_cast<uint64_t>(m * 7 + k));
-        for (GemvIsa isa : available_isas()) {
+        for (GemvIsa isa : test::available_gemv_isas()) {
           const std::vector<float> x = activations_for(isa, random);
           force_gemv_isa(isa);
           check_product(w, m, x, {}, naive_product(x, m, w, {}), two,
@@ -301,7 +293,7 @@ TEST(Gemv, StoresBf16Outputs) {
 
 TEST(Gemv, GroupedInt8ScalesMatchTheDequantizedProduct) {
   ThreadPool pool(2);
-  for (GemvIsa isa : available_isas()) {
+  for (GemvIsa isa : test::available_gemv_isas()) {
     force_gemv_isa(isa);
     for (int64_t group : {8, 16, 32, 64})
       for (int64_t k : {8, 17, 100, 257}) {
@@ -358,7 +350,7 @@ TEST(Gemv, Int8QuantizationIsTheSameOnEveryImplementation) {
   w[401] = 0.5f * 127.0f / 127.0f;
   for (int64_t group : {0, 8, 16, 40}) {
     std::vector<std::vector<std::byte>> results;
-    for (GemvIsa isa : available_isas()) {
+    for (GemvIsa isa : test::available_gemv_isas()) {
       force_gemv_isa(isa);
       const QuantizedWeight q = quantize_int8(reinterpret_cast<const std::byte*>(w.data()), Elem::F32, 7, 100, group);
       std::vector<std::byte> bytes(q.values.data(), q.values.data() + 7 * 100);

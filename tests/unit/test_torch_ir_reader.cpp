@@ -26,8 +26,10 @@ const char* kReluNode = R"([{"name": "relu", "op_type": "aten.relu.default",
 
 std::string replaced(std::string text, const std::string& from, const std::string& to, size_t start = 0) {
   const size_t pos = text.find(from, start);
-  if (pos == std::string::npos) ADD_FAILURE() << "fixture text lacks " << from;
-  else text.replace(pos, from.size(), to);
+  if (pos == std::string::npos)
+    ADD_FAILURE() << "fixture text lacks " << from;
+  else
+    text.replace(pos, from.size(), to);
   return text;
 }
 
@@ -74,8 +76,7 @@ TEST(TorchIrReader, ReadsQwenGraphsWithGetitemAndInt64Ends) {
     const Graph graph = read_torch_ir(kFixtures + file);
     bool saw_int64_max = false, saw_getitem = false;
     for (const Node& node : graph.nodes) {
-      if (node.source_op == "aten.slice.Tensor" && node.attrs.has("end") &&
-          node.attrs.get_int("end") == INT64_MAX)
+      if (node.source_op == "aten.slice.Tensor" && node.attrs.has("end") && node.attrs.get_int("end") == INT64_MAX)
         saw_int64_max = true;
       if (node.source_op == "<built-in function getitem>") {
         saw_getitem = true;
@@ -181,8 +182,9 @@ TEST(TorchIrReader, ReadsEmbeddedConstants) {
                 {"name": "c_bias", "shape": [3], "dtype": "float32"}],
      "outputs": [{"name": "relu", "shape": [2, 3], "dtype": "float32"}], "attrs": {}}])";
   std::string text = small_ir(with_constant, R"(, "constants": {"bias": {"data": [1.5, 2, -3], "dtype": "float32"}})");
-  text.replace(text.find("\"weights\": [], \"weight_name_mapping\": {}"), 40,
-               R"("weights": [{"name": "bias", "shape": [3], "dtype": "float32"}], "weight_name_mapping": {"c_bias": "bias"})");
+  text.replace(
+      text.find("\"weights\": [], \"weight_name_mapping\": {}"), 40,
+      R"("weights": [{"name": "bias", "shape": [3], "dtype": "float32"}], "weight_name_mapping": {"c_bias": "bias"})");
   const Graph graph = parse_torch_ir(text, "model.json");
   ASSERT_EQ(graph.constants.count("bias"), 1u);
   const Tensor& bias = graph.constants.at("bias");

@@ -84,7 +84,9 @@ std::shared_ptr<const CompactBf16Weight> shared_compact(const LinearShape& s, Th
   });
 }
 
-// A weight the GEMV and the GEMM read in another form than its storage: int8 with scales, or compact bf16.
+// A weight the GEMV reads in another form than its storage: int8 with scales (the GEMM too), or compact bf16 (the
+// GEMM reads the bf16 weight itself: a prompt's products are compute-bound, and stay the uncompacted ones bit for
+// bit).
 struct WeightForm {
   std::shared_ptr<const QuantizedWeight> quantized;
   std::shared_ptr<const CompactBf16Weight> compact;
@@ -93,12 +95,6 @@ struct WeightForm {
   GemvWeight view() const {
     if (quantized) return quantized->view();
     return {.type = GemvWeightType::CompactBF16, .n = compact->n, .k = compact->k, .compact = compact.get()};
-  }
-  void widen_row(int64_t j, Elem elem, std::byte* out) const {
-    if (quantized)
-      quantized->dequantize_row(j, elem, out);
-    else
-      compact->decode_row(j, elem, out);
   }
 };
 
@@ -155,20 +151,20 @@ Kernel gemm_linear(const KernelContext& ctx, const LinearShape& s) {
   return kernel;
 }
 
-// Many rows against a weight in another form: blocks of weight rows are widened (split over the pool) and multiplied
-// by the packed GEMM, so that the whole weight never exists widened. Compact bf16 rows decode to their bf16 values.
-// Int8 rows widen to bf16 against bf16 activations on a CPU with bf16 dot products (the GEMM then multiplies bf16
-// pairs, twice the fp32 rate; an int8 value times its scale rounded to bf16 is within 2^-9 of it), else to fp32.
-struct WidenedGemm {
+// Many rows against an int8 weight: blocks of weight rows are widened (split over the pool) and multiplied by the
+// packed GEMM, so that the whole weight never exists widened. Against bf16 activations on a CPU with bf16 dot
+// products the rows widen to bf16 (the GEMM then multiplies bf16 pairs, twice the fp32 rate; an int8 value times its
+// scale rounded to bf16 is within 2^-9 of it), else to fp32.
+struct QuantizedGemm {
   LinearShape s;
-  WeightForm weight;
+  std::shared_ptr<const QuantizedWeight> weight;
   Elem widened_elem = Elem::F32;
   int64_t block = 0;        // weight rows per block
   PackedGemm full, last;    // a whole block, and the last (shorter) one
   int64_t bias_floats = 0;  // shared scratch: the fp32 bias, then the widened block
 };
 
-void run_widened_gemm(const WidenedGemm& g, ThreadPool& pool, const ScratchSpace& scratch) {
+void run_quantized_gemm(const QuantizedGemm& g, ThreadPool& pool, const ScratchSpace& scratch) {
   const LinearShape& s = g.s;
   float* bias = scratch.shared_as<float>();
   auto* widened = reinterpret_cast<std::byte*>(bias + g.bias_floats);
@@ -177,7 +173,8 @@ void run_widened_gemm(const WidenedGemm& g, ThreadPool& pool, const ScratchSpace
   for (int64_t first = 0; first < s.n; first += g.block) {
     const int64_t rows = std::min(g.block, s.n - first);
     pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end, int) {
-      for (int64_t j = begin; j < end; ++j) g.weight.widen_row(first + j, g.widened_elem, widened + j * row_bytes);
+      for (int64_t j = begin; j < end; ++j)
+        g.weight->dequantize_row(first + j, g.widened_elem, widened + j * row_bytes);
     });
     GemmEpilogue epilogue;
     epilogue.bias = all_bias ? all_bias + first : nullptr;
@@ -190,22 +187,22 @@ void run_widened_gemm(const WidenedGemm& g, ThreadPool& pool, const ScratchSpace
   }
 }
 
-Kernel widened_gemm_linear(const KernelContext& ctx, const LinearShape& s, WeightForm weight) {
+Kernel quantized_gemm_linear(const KernelContext& ctx, const LinearShape& s,
+                             std::shared_ptr<const QuantizedWeight> weight) {
   constexpr int64_t kBlockFloats = int64_t{1} << 20;  // 4 MiB of widened fp32 weights per block
-  auto g = std::make_shared<WidenedGemm>();
+  auto g = std::make_shared<QuantizedGemm>();
   g->s = s;
   g->weight = std::move(weight);
   const CpuFeatures& cpu = cpu_features();
-  g->widened_elem =
-      g->weight.compact || (s.x.elem == Elem::BF16 && cpu.avx512() && cpu.avx512bf16) ? Elem::BF16 : Elem::F32;
+  g->widened_elem = s.x.elem == Elem::BF16 && cpu.avx512() && cpu.avx512bf16 ? Elem::BF16 : Elem::F32;
   g->block = std::min(s.n, std::max<int64_t>(16, kBlockFloats / std::max<int64_t>(s.k, 1) / 16 * 16));
   g->full = PackedGemm(GemmSpec{.m = s.m, .n = g->block, .k = s.k}, ctx.scratch);
   g->last = PackedGemm(GemmSpec{.m = s.m, .n = s.n % g->block == 0 ? g->block : s.n % g->block, .k = s.k}, ctx.scratch);
   g->bias_floats = bias_scratch_floats(s);
   ctx.scratch.reserve_shared(floats_bytes(g->bias_floats + g->block * s.k));
   Kernel kernel;
-  kernel.run = [g = std::shared_ptr<const WidenedGemm>(g), pool = &ctx.pool, scratch = &ctx.scratch] {
-    run_widened_gemm(*g, *pool, *scratch);
+  kernel.run = [g = std::shared_ptr<const QuantizedGemm>(g), pool = &ctx.pool, scratch = &ctx.scratch] {
+    run_quantized_gemm(*g, *pool, *scratch);
   };
   return kernel;
 }
@@ -216,7 +213,7 @@ WeightForm weight_form(const KernelContext& ctx, const LinearShape& s) {
   if (!ctx.options || !constant_weight(ctx)) return {};
   if (ctx.options->weights == WeightQuantization::Int8)
     return {.quantized = shared_quantized(s, ctx.options->quantization_group, ctx.pool), .compact = nullptr};
-  if (ctx.options->compact_bf16 && s.weight.elem == Elem::BF16)
+  if (ctx.options->compact_bf16 && s.weight.elem == Elem::BF16 && s.m <= kGemvMaxRows)
     return {.quantized = nullptr, .compact = shared_compact(s, ctx.pool)};
   return {};
 }
@@ -252,7 +249,7 @@ std::optional<Kernel> linear(const KernelContext& ctx) {
   }
   WeightForm form = weight_form(ctx, s);
   if (s.m <= kGemvMaxRows) return gemv_linear(ctx, s, std::move(form));
-  if (form) return widened_gemm_linear(ctx, s, std::move(form));
+  if (form.quantized) return quantized_gemm_linear(ctx, s, std::move(form.quantized));
   return gemm_linear(ctx, s);
 }
 
