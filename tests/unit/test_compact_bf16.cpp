@@ -101,7 +101,7 @@ TEST_F(CompactBf16, LeavesWeightsWithManyEscapesAsTheyAre) {
 // Rows with escapes (zeros, subnormals, tiny values) against the same product over the plain bf16 weight.
 TEST_F(CompactBf16, ProductsWithEscapesMatchTheBf16Product) {
   ThreadPool pool(2);
-  for (int64_t k : {64, 100, 1543}) {
+  for (int64_t k : {64, 100, 1543, 4100}) {
     const int64_t n = 21;
     std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(k), false);
     for (size_t i = 3; i < bits.size(); i += 211) bits[i] = i % 2 ? uint16_t{0x0003} : uint16_t{0x8000};

@@ -68,6 +68,13 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
 void order_for_avx2(const float* x, int64_t k, float* out);
 void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out);
 float compact_dot_avx2(const CompactBf16Weight& weight, int64_t j, const float* x_ordered, const float* x);
-float compact_dot_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x);
+// Rows j .. j + R at once: each activation load serves R rows (R = 1 or 4).
+template <int R>
+void compact_dots_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x,
+                         float (&out)[R]);
+// Rows of at least this many values go four at a time on AVX-512: their activations (8 KiB and more) then stay in L1
+// beside the codes streaming through (one row at a time measured 1.11x the bf16 GEMV on k = 8960, against 1.4x on
+// k = 1536).
+constexpr int64_t kCompactLongRow = 4096;
 
 }  // namespace npusim::cpu

@@ -870,8 +870,18 @@ void run_columns(const GemvProblem& p, const Activations& activations, int64_t b
 #ifdef NPUSIM_GEMV_X86
     const CompactBf16Weight& compact = *p.weight.compact;
     if (activations.compact_bf16) {
-      for (int64_t j = begin; j < end; ++j)
-        store_result(p, 0, j, compact_dot_avx512(compact, j, activations.compact_bf16, p.x));
+      int64_t j = begin;
+      if (compact.k >= kCompactLongRow)
+        for (; j + 4 <= end; j += 4) {
+          float sums[4];
+          compact_dots_avx512<4>(compact, j, activations.compact_bf16, p.x, sums);
+          for (int r = 0; r < 4; ++r) store_result(p, 0, j + r, sums[r]);
+        }
+      for (; j < end; ++j) {
+        float sum[1];
+        compact_dots_avx512<1>(compact, j, activations.compact_bf16, p.x, sum);
+        store_result(p, 0, j, sum[0]);
+      }
       return;
     }
     if (activations.compact_floats) {
