@@ -199,7 +199,6 @@ float CompactBf16Weight::row_scale(int64_t j) const {
 void CompactBf16Weight::decode_row(int64_t j, Elem elem, std::byte* out) const {
   if (elem != Elem::BF16 && elem != Elem::F32) fail("compact bf16 weight: rows decode to bfloat16 or float32 only");
   const int top_exponent = top[static_cast<size_t>(j)];
-  std::vector<uint16_t> widened;
   uint16_t* bits = reinterpret_cast<uint16_t*>(out);
   if (elem == Elem::F32) {
     static thread_local std::vector<uint16_t> scratch;
@@ -240,7 +239,7 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
   std::vector<std::vector<CompactEscape>> escapes(static_cast<size_t>(pieces));
   std::vector<std::vector<int64_t>> counts(static_cast<size_t>(pieces));
   std::atomic<int64_t> total{0};
-  const bool vectors = vector_isa();
+  [[maybe_unused]] const bool vectors = vector_isa();
   const auto encode_piece = [&](int64_t piece) {
     const int64_t begin = n * piece / pieces, end = n * (piece + 1) / pieces;
     std::vector<CompactEscape>& found = escapes[static_cast<size_t>(piece)];
@@ -264,7 +263,6 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
       total.fetch_add(static_cast<int64_t>(found.size() - before), std::memory_order_relaxed);
     }
   };
-  (void)vectors;
   if (pool)
     pool->parallel_for(pieces, 1, [&](int64_t begin, int64_t end, int) {
       for (int64_t piece = begin; piece < end; ++piece) encode_piece(piece);
