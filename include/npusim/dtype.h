@@ -1,6 +1,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,7 +32,14 @@ bool is_integral(DType dtype);  // integers, not bool
 DType reference_dtype(DType dtype);
 
 float bf16_to_float(uint16_t bits);
-uint16_t float_to_bf16(float value);  // round to nearest even
+// Round to nearest even; NaN stays a quiet NaN. Inline: kernels store one value at a time with it.
+inline uint16_t float_to_bf16(float value) {
+  uint32_t word;
+  std::memcpy(&word, &value, sizeof word);
+  if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((word >> 16) | 0x40);
+  const uint32_t rounding = 0x7fffu + ((word >> 16) & 1u);
+  return static_cast<uint16_t>((word + rounding) >> 16);
+}
 float fp16_to_float(uint16_t bits);
 uint16_t float_to_fp16(float value);  // round to nearest even
 

@@ -94,14 +94,6 @@ float bf16_to_float(uint16_t bits) {
   return value;
 }
 
-uint16_t float_to_bf16(float value) {
-  uint32_t word;
-  std::memcpy(&word, &value, sizeof word);
-  if ((word & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((word >> 16) | 0x40);  // quiet NaN
-  const uint32_t rounding = 0x7fffu + ((word >> 16) & 1u);
-  return static_cast<uint16_t>((word + rounding) >> 16);
-}
-
 float fp16_to_float(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
   uint32_t exponent = (bits >> 10) & 0x1fu;

@@ -38,6 +38,8 @@ void store_result(const GemvProblem& p, int64_t i, int64_t j, float value) {
   value += bias_at(p, j);
   if (p.y_elem == Elem::F32)
     reinterpret_cast<float*>(p.y)[i * p.ldy + j] = value;
+  else if (p.y_elem == Elem::BF16)
+    reinterpret_cast<uint16_t*>(p.y)[i * p.ldy + j] = float_to_bf16(value);
   else
     store_float(p.y, p.y_elem, i * p.ldy + j, value);
 }
