@@ -49,10 +49,12 @@ int code_at(const uint8_t* block, int64_t t) {
   return (block[t] << 4) | nibble;
 }
 
-// Encodes row `row` into `out` (zeroed, blocks * kCompactBlockBytes) and appends its escapes.
-void encode_row_portable(const uint16_t* row, int64_t k, int top, uint8_t* out, std::vector<CompactEscape>& escapes) {
+// Encodes values [begin, k) of row `row` into its codes `out` (zeroed, blocks * kCompactBlockBytes) and appends
+// their escapes.
+void encode_row_portable(const uint16_t* row, int64_t begin, int64_t k, int top, uint8_t* out,
+                         std::vector<CompactEscape>& escapes) {
   const int low = top - (kCompactWindow - 1);
-  for (int64_t i = 0; i < k; ++i) {
+  for (int64_t i = begin; i < k; ++i) {
     const int code = code_of(row[i], low);
     if (code < 0) escapes.push_back({static_cast<uint32_t>(i), bf16_bits_to_float(row[i])});
     put_code(out + i / kCompactBlock * kCompactBlockBytes, i % kCompactBlock, std::max(code, 0));
@@ -64,8 +66,9 @@ uint16_t decoded_bits(int code, int top) {
   return static_cast<uint16_t>(((code >> 11) << 15) | ((offset + top - (kCompactWindow - 1)) << 7) | (code & 0x7F));
 }
 
-void decode_row_portable(const uint8_t* codes, int64_t k, int top, uint16_t* out) {
-  for (int64_t i = 0; i < k; ++i)
+// Values [begin, k) of a row from its codes.
+void decode_row_portable(const uint8_t* codes, int64_t begin, int64_t k, int top, uint16_t* out) {
+  for (int64_t i = begin; i < k; ++i)
     out[i] = decoded_bits(code_at(codes + i / kCompactBlock * kCompactBlockBytes, i % kCompactBlock), top);
 }
 
@@ -133,14 +136,7 @@ void encode_row_avx2(const uint16_t* row, int64_t k, int top, uint8_t* out, std:
   const int64_t whole = k / kCompactBlock;
   for (int64_t b = 0; b < whole; ++b)
     encode_block_avx2(row + b * kCompactBlock, b * kCompactBlock, low, out + b * kCompactBlockBytes, escapes);
-  if (whole * kCompactBlock < k) {
-    const int64_t first = whole * kCompactBlock;
-    std::vector<CompactEscape> unused;
-    std::vector<uint16_t> tail(row + first, row + k);
-    encode_row_portable(tail.data(), k - first, top, out + whole * kCompactBlockBytes, unused);
-    for (CompactEscape& escape : unused) escape.column += static_cast<uint32_t>(first);
-    escapes.insert(escapes.end(), unused.begin(), unused.end());
-  }
+  encode_row_portable(row, whole * kCompactBlock, k, top, out, escapes);
 }
 
 // The four vectors of 16 codes of a block, each lane code << 4: values [0..7, 16..23], [8..15, 24..31],
@@ -177,12 +173,7 @@ void decode_row_avx2(const uint8_t* codes, int64_t k, int top, uint16_t* out) {
     _mm256_storeu_si256(dst + 2, _mm256_permute2x128_si256(bits[2], bits[3], 0x20));
     _mm256_storeu_si256(dst + 3, _mm256_permute2x128_si256(bits[2], bits[3], 0x31));
   }
-  const int64_t first = whole * kCompactBlock;
-  if (first < k) {
-    uint16_t tail[kCompactBlock];
-    decode_row_portable(codes + whole * kCompactBlockBytes, kCompactBlock, top, tail);
-    std::copy(tail, tail + (k - first), out + first);
-  }
+  decode_row_portable(codes, whole * kCompactBlock, k, top, out);
 }
 
 #pragma GCC pop_options
@@ -210,7 +201,7 @@ void CompactBf16Weight::decode_row(int64_t j, Elem elem, std::byte* out) const {
     decode_row_avx2(row_codes(j), k, top_exponent, bits);
   else
 #endif
-    decode_row_portable(row_codes(j), k, top_exponent, bits);
+    decode_row_portable(row_codes(j), 0, k, top_exponent, bits);
   for (int64_t e = escape_at[static_cast<size_t>(j)]; e < escape_at[static_cast<size_t>(j) + 1]; ++e) {
     const CompactEscape& escape = escapes[static_cast<size_t>(e)];
     bits[escape.column] = static_cast<uint16_t>(std::bit_cast<uint32_t>(escape.value) >> 16);
@@ -257,7 +248,7 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
       {
         const int top = top_exponent_portable(row, k);
         weight->top[static_cast<size_t>(j)] = static_cast<uint8_t>(top);
-        encode_row_portable(row, k, top, out, found);
+        encode_row_portable(row, 0, k, top, out, found);
       }
       counts[static_cast<size_t>(piece)].push_back(static_cast<int64_t>(found.size() - before));
       total.fetch_add(static_cast<int64_t>(found.size() - before), std::memory_order_relaxed);
