@@ -253,6 +253,23 @@ TEST_P(GemvTest, LongRowsMatchADoublePrecisionProduct) {
     }
 }
 
+// Threads start on regions of their own and then take what is left of the others': every column once, with region
+// counts that do not divide the chunks, and more threads than chunks.
+TEST_P(GemvTest, EveryPoolSizeCoversEveryColumnOnce) {
+  const TestWeight w = make_weight(GetParam(), 1301, 1000);
+  const std::vector<float> random = random_floats(1000, 11);
+  for (int threads : {3, 5, 16}) {
+    ThreadPool pool(threads);
+    for (GemvIsa isa : test::available_gemv_isas()) {
+      const std::vector<float> x = activations_for(isa, random);
+      force_gemv_isa(isa);
+      check_product(w, 1, x, {}, naive_product(x, 1, w, {}), pool,
+                    std::string(type_name(GetParam())) + " " + isa_name(isa) + " threads=" + std::to_string(threads));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Weights, GemvTest,
                          ::testing::Values(GemvWeightType::F32, GemvWeightType::F16, GemvWeightType::BF16,
                                            GemvWeightType::Int8, GemvWeightType::CompactBF16),

