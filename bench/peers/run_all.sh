@@ -7,7 +7,8 @@
 #   ResNet-18/50 and MobileNetV2 (seeded torchvision weights): npusim bench, ONNX Runtime (onnxruntime-node), PyTorch
 #   1.13 eager. The ResNets run the torch_ir fixtures (tests/data/fixtures/ir/); other models the IR that
 #   export_torchvision.py writes from a torch.fx trace.
-#   Qwen2.5-1.5B-shaped LLM (random bf16 weights): npusim bench --model, llama.cpp llama-bench (bf16, f16, Q8_0)
+#   Qwen2.5-1.5B-shaped LLM (random bf16 weights): npusim bench --model (bf16, and int8 weights quantized at load),
+#   llama.cpp llama-bench (bf16, f16, Q8_0; Q8_0 is set against npusim's int8, the others against its bf16)
 #
 # --quick: fewer iterations, ResNet-18 only, prompt 32 / decode 8 instead of 128 / 32, one round.
 # --rounds N: run every runner N times in turn (default 2) and keep each one's best round, so that load from
@@ -144,8 +145,10 @@ for ((round = 1; round <= rounds; ++round)); do
 
   if ((run_llm)); then
     for t in $threads_list; do
-      record "qwen15.npusim.jsonl" qwen15 "$npusim" bench --model "$PEERS_DIR/qwen15" --threads "$t" \
-        --prompt-tokens "$prompt" --gen-tokens "$gen" --iters "$llm_reps" --json
+      for quantize in none int8; do
+        record "qwen15.npusim.jsonl" qwen15 "$npusim" bench --model "$PEERS_DIR/qwen15" --threads "$t" \
+          --quantize "$quantize" --prompt-tokens "$prompt" --gen-tokens "$gen" --iters "$llm_reps" --json
+      done
     done
     for type in bf16 f16 q8_0; do
       record "qwen15.llama.cpp.jsonl" qwen15 "$PEERS_DIR/llama.cpp/build/bin/llama-bench" \

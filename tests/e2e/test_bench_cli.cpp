@@ -132,6 +132,17 @@ TEST(BenchCli, ModelDirectory) {
   EXPECT_DOUBLE_EQ(json["gbps"].get<double>(), json["decode_gbps"].get<double>());
   ASSERT_TRUE(finite_number(json, "weight_mb") && finite_number(json, "peak_memory_mb")) << json.dump();
   EXPECT_GT(json["peak_memory_mb"].get<double>(), json["weight_mb"].get<double>());
+  EXPECT_EQ(json["linear_weights"], "float32");
+}
+
+// The JSON says which form the linear weights were read in, so that a table can set each against its peer.
+TEST(BenchCli, ModelDirectoryNamesItsLinearWeights) {
+  const std::string common = "--model " + kFixtures +
+                             "/qwen_tiny --prompt-tokens 3 --gen-tokens 2 --iters 1 "
+                             "--warmup 0 --threads 1 --no-probe ";
+  EXPECT_EQ(bench_json(common + "--quantize int8")["linear_weights"], "int8");
+  EXPECT_EQ(bench_json(common + "--dtype bfloat16")["linear_weights"], "bfloat16 (12-bit compact)");
+  EXPECT_EQ(bench_json(common + "--dtype bfloat16 --compact-bf16 off")["linear_weights"], "bfloat16");
 }
 
 TEST(BenchCli, ModelDirectoryThroughExportedGraphs) {
