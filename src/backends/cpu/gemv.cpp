@@ -480,6 +480,7 @@ void avx2_int8_block(const GemvProblem& p, const Int8Activations& a, int64_t j0)
 }
 
 // One activation row against one int8 weight row: a single memory stream, even and odd blocks in two accumulators.
+// No software prefetch, as in vnni_int8_row (7-15% faster without on one large weight, one and two threads).
 template <bool Grouped>
 void avx2_int8_single_row(const GemvProblem& p, const Int8Activations& a, int64_t j) {
   const GemvWeight& w = p.weight;
@@ -497,7 +498,6 @@ void avx2_int8_single_row(const GemvProblem& p, const Int8Activations& a, int64_
     sum = _mm256_fmadd_ps(block_dot(_mm256_abs_epi8(wv), wv, xv), scale, sum);
   };
   for (; b + 2 <= whole; b += 2) {
-    _mm_prefetch(reinterpret_cast<const char*>(row + b * kActivationBlock + kPrefetchBytes), _MM_HINT_T0);
     block(b, acc[0]);
     block(b + 1, acc[1]);
   }
