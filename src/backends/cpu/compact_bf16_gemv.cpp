@@ -87,8 +87,9 @@ void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 
-// The AVX2 kernel prefetches (measured 2-8% faster on one Zen 4 thread); the AVX-512 one leaves a single stream to
-// the hardware (software prefetches measured 8-12% slower on one thread there).
+// The AVX2 kernel prefetches (measured 2-8% faster on one Zen 4 thread); the AVX-512 one leaves its streams to the
+// hardware (software prefetches measured 8-12% slower for one row there, 5-10% for four rows of 8960 values, on one
+// and two threads).
 constexpr int64_t kPrefetchBytes = 768;
 
 float compact_dot_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ordered, const float* x) {
@@ -156,10 +157,6 @@ void compact_dots_avx512(const CompactBf16Weight& w, int64_t j, const uint16_t* 
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const uint8_t* block = codes[r] + b * kCompactBlockBytes;
-      if constexpr (R > 1) {  // four streams: the hardware's prefetch alone measured 5-10% slower here
-        _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBytes + 64), _MM_HINT_T0);
-      }
       const __m512i high = _mm512_loadu_si512(block);
       const __m512i nibbles =
           _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCompactBlock)));
