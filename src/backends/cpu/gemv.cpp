@@ -35,8 +35,9 @@ float bias_at(const GemvProblem& p, int64_t j) {
   return load_float(p.bias, p.bias_elem, p.bias_count == 1 ? 0 : j);
 }
 
-void store_result(const GemvProblem& p, int64_t i, int64_t j, float value) {
-  value += bias_at(p, j);
+// Called once per output value from every kernel, so inlined into each.
+inline __attribute__((always_inline)) void store_result(const GemvProblem& p, int64_t i, int64_t j, float value) {
+  if (p.bias) value += bias_at(p, j);
   if (p.y_elem == Elem::F32)
     reinterpret_cast<float*>(p.y)[i * p.ldy + j] = value;
   else if (p.y_elem == Elem::BF16)
