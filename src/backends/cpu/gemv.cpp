@@ -949,14 +949,17 @@ void gemv(const GemvProblem& problem, ThreadPool& pool) {
   const int64_t chunks = (n + chunk - 1) / chunk;
   constexpr int kMaxRegions = 256;
   const int regions = static_cast<int>(std::min<int64_t>({pool.size(), kMaxRegions, chunks}));
-  std::array<std::atomic<int64_t>, kMaxRegions> cursors;
-  for (int r = 0; r < regions; ++r) cursors[r].store(chunks * r / regions, std::memory_order_relaxed);
+  struct alignas(64) Cursor {  // one cache line each: a claim does not disturb the other threads' lines
+    std::atomic<int64_t> next;
+  };
+  std::array<Cursor, kMaxRegions> cursors;
+  for (int r = 0; r < regions; ++r) cursors[r].next.store(chunks * r / regions, std::memory_order_relaxed);
   pool.parallel_for(regions, 1, [&](int64_t own, int64_t, int) {
     for (int step = 0; step < regions; ++step) {
       const int r = static_cast<int>((own + step) % regions);
       const int64_t last = chunks * (r + 1) / regions;
-      for (int64_t c = cursors[r].fetch_add(1, std::memory_order_relaxed); c < last;
-           c = cursors[r].fetch_add(1, std::memory_order_relaxed))
+      for (int64_t c = cursors[r].next.fetch_add(1, std::memory_order_relaxed); c < last;
+           c = cursors[r].next.fetch_add(1, std::memory_order_relaxed))
         run_columns(problem, activations, c * chunk, std::min(n, (c + 1) * chunk));
     }
   });
