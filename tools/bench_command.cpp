@@ -270,8 +270,8 @@ int bench_model(const Args& args) {
   }
 
   const Spread prefill = spread_of(prefill_ms), step = spread_of(step_ms), decode_run = spread_of(decode_run_ms);
-  const ModelWork work =
-      model_work(model, session.dtype(), options.quantize, compact_weights(options, session.dtype()));
+  const bool compact = compact_weights(options, session.dtype());
+  const ModelWork work = model_work(model, session.dtype(), options.quantize, compact);
   const double middle = static_cast<double>(prompt_tokens) + static_cast<double>(gen_tokens) / 2.0;
   const double prompt_tok_s = static_cast<double>(prompt_tokens) / (prefill.median / 1e3);
   const double prompt_gflops = work.prefill_flops(static_cast<double>(prompt_tokens)) / (prefill.median * 1e6);
@@ -301,33 +301,33 @@ int bench_model(const Args& args) {
         percent_of(decode_gbps, peak.gbps).c_str(), peak.gbps, percent_of(prompt_gflops, prompt_peak).c_str(),
         prompt_peak_name, prompt_peak);
   if (args.flag("json")) {
-    nlohmann::json json = {
-        {"model", dir},
-        {"session", session.describe()},
-        {"dtype", std::string(dtype_name(session.dtype()))},
-        {"linear_weights", options.quantize == WeightQuantization::Int8 ? "int8"
-                           : compact_weights(options, session.dtype())  ? "bfloat16 (12-bit compact)"
-                                                                        : std::string(dtype_name(session.dtype()))},
-        {"threads", threads},
-        {"iters", iters},
-        {"warmup", warmup},
-        {"prompt_tokens", prompt_tokens},
-        {"gen_tokens", gen_tokens},
-        {"prompt_ms", prefill.median},
-        {"prompt_min_ms", prefill.min},
-        {"decode_run_min_ms", decode_run.min},
-        {"prompt_tok_s", prompt_tok_s},
-        {"prompt_gflops", prompt_gflops},
-        {"decode_tok_s", decode_tok_s},
-        {"decode_gbps", decode_gbps},
-        {"min_ms", step.min},
-        {"median_ms", step.median},
-        {"max_ms", step.max},
-        {"gflops", decode_gflops},
-        {"gbps", decode_gbps},
-        {"load_ms", load_ms},
-        {"weight_mb", work.weight_bytes / 1e6},
-        {"peak_memory_mb", peak_memory_mb()}};
+    nlohmann::json json = {{"model", dir},
+                           {"session", session.describe()},
+                           {"dtype", std::string(dtype_name(session.dtype()))},
+                           {"threads", threads},
+                           {"iters", iters},
+                           {"warmup", warmup},
+                           {"prompt_tokens", prompt_tokens},
+                           {"gen_tokens", gen_tokens},
+                           {"prompt_ms", prefill.median},
+                           {"prompt_min_ms", prefill.min},
+                           {"decode_run_min_ms", decode_run.min},
+                           {"prompt_tok_s", prompt_tok_s},
+                           {"prompt_gflops", prompt_gflops},
+                           {"decode_tok_s", decode_tok_s},
+                           {"decode_gbps", decode_gbps},
+                           {"min_ms", step.min},
+                           {"median_ms", step.median},
+                           {"max_ms", step.max},
+                           {"gflops", decode_gflops},
+                           {"gbps", decode_gbps},
+                           {"load_ms", load_ms},
+                           {"weight_mb", work.weight_bytes / 1e6},
+                           {"peak_memory_mb", peak_memory_mb()}};
+    // The form the linear weights were read in, so that a table can set each against its peer.
+    json["linear_weights"] = options.quantize == WeightQuantization::Int8 ? "int8"
+                             : compact                                    ? "bfloat16 (12-bit compact)"
+                                                                          : std::string(dtype_name(session.dtype()));
     if (peak.measured) {
       json["peak_gbps"] = peak.gbps;
       json["peak_gflops"] = peak.gflops;

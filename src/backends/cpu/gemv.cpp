@@ -30,14 +30,9 @@ Scaling scaling_of(const GemvWeight& w) {
   return w.group >= w.k ? Scaling::PerRow : Scaling::PerGroup;
 }
 
-float bias_at(const GemvProblem& p, int64_t j) {
-  if (!p.bias) return 0.0f;
-  return load_float(p.bias, p.bias_elem, p.bias_count == 1 ? 0 : j);
-}
-
 // Called once per output value from every kernel, so inlined into each.
 inline __attribute__((always_inline)) void store_result(const GemvProblem& p, int64_t i, int64_t j, float value) {
-  if (p.bias) value += bias_at(p, j);
+  if (p.bias) value += load_float(p.bias, p.bias_elem, p.bias_count == 1 ? 0 : j);
   if (p.y_elem == Elem::F32)
     reinterpret_cast<float*>(p.y)[i * p.ldy + j] = value;
   else if (p.y_elem == Elem::BF16)
