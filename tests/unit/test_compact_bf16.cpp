@@ -1,6 +1,7 @@
 // bf16 weights in 12 bits (backends/cpu/compact_bf16.h): every value decodes to its own bits, specials included,
-// on every implementation; the encoders agree byte for byte; products with escapes match the bf16 product; a
-// weight with too many escapes is left as it is.
+// on every implementation and with rows in groups; the encoders agree byte for byte; grouped rows give the same
+// products bit for bit; products with escapes match the bf16 product; a weight with too many escapes is left as it
+// is.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -8,11 +9,13 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/compact_bf16.h"
 #include "backends/cpu/gemv.h"
 #include "gemv_isas.h"
+#include "npusim/error.h"
 #include "random_values.h"
 
 namespace npusim::cpu {
@@ -43,42 +46,111 @@ std::vector<uint16_t> decoded(const CompactBf16Weight& w) {
 
 TEST_F(CompactBf16, EveryValueDecodesToItsOwnBits) {
   for (int64_t k : {0, 1, 7, 63, 64, 65, 130, 1543})
-    for (int64_t n : {0, 1, 5}) {
-      const std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(n * 101 + k), true);
-      for (GemvIsa isa : test::available_gemv_isas()) {
-        force_gemv_isa(isa);
-        const auto w = compact_bf16(bits.data(), n, k, nullptr, 1.0);
-        ASSERT_NE(w, nullptr) << "k=" << k;
-        const std::string label =
-            "n=" + std::to_string(n) + " k=" + std::to_string(k) + " isa " + std::to_string(static_cast<int>(isa));
-        EXPECT_EQ(decoded(*w), bits) << label;
-        std::vector<float> floats(static_cast<size_t>(k), 1234.5f);
+    for (int64_t n : {0, 1, 5, 9})
+      for (int64_t interleave : {1, 4})
+        for (GemvIsa isa : test::available_gemv_isas()) {
+          const std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(n * 101 + k), true);
+          force_gemv_isa(isa);
+          const auto w = compact_bf16(bits.data(), n, k, nullptr, 1.0, interleave);
+          ASSERT_NE(w, nullptr) << "k=" << k;
+          const std::string label = "n=" + std::to_string(n) + " k=" + std::to_string(k) + " interleave " +
+                                    std::to_string(interleave) + " isa " + std::to_string(static_cast<int>(isa));
+          EXPECT_EQ(decoded(*w), bits) << label;
+          std::vector<float> floats(static_cast<size_t>(k), 1234.5f);
+          for (int64_t j = 0; j < n; ++j) {
+            w->decode_row(j, Elem::F32, reinterpret_cast<std::byte*>(floats.data()));
+            for (int64_t i = 0; i < k; ++i)
+              ASSERT_EQ(std::bit_cast<uint32_t>(floats[static_cast<size_t>(i)]),
+                        uint32_t{bits[static_cast<size_t>(j * k + i)]} << 16)
+                  << label << " at [" << j << ", " << i << "]";
+          }
+        }
+}
+
+// Rows in groups of four: a full group's rows alternate block by block, the last group (one row here) holds its own
+// blocks in order, and every block is the block the rows one after another would have.
+TEST_F(CompactBf16, InterleavedRowsHoldTheSameBlocksInGroupOrder) {
+  const int64_t n = 9, k = 200;  // 4 blocks per row, the last one part full
+  const std::vector<uint16_t> bits = weight_bits(n, k, 11, true);
+  const auto in_order = compact_bf16(bits.data(), n, k, nullptr, 1.0, 1);
+  const auto grouped = compact_bf16(bits.data(), n, k, nullptr, 1.0, 4);
+  ASSERT_EQ(grouped->codes.size(), in_order->codes.size());
+  const int64_t block = kCompactBlockBytes;
+  EXPECT_EQ(grouped->row_offset(0), 0);
+  EXPECT_EQ(grouped->row_offset(3), 3 * block);
+  EXPECT_EQ(grouped->row_offset(5), (4 * 4 + 1) * block);
+  EXPECT_EQ(grouped->row_offset(8), 8 * 4 * block);
+  EXPECT_EQ(grouped->block_stride(7), 4 * block);
+  EXPECT_EQ(grouped->block_stride(8), block);
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t b = 0; b < grouped->blocks(); ++b)
+      ASSERT_EQ(std::memcmp(grouped->row_codes(j) + b * grouped->block_stride(j), in_order->row_codes(j) + b * block,
+                            static_cast<size_t>(block)),
+                0)
+          << "row " << j << " block " << b;
+  EXPECT_THROW(compact_bf16(bits.data(), n, k, nullptr, 1.0, 0), Error);
+}
+
+// The same kernels over rows in groups give the same sums bit for bit, whole and from odd column ranges that split
+// groups (rows of more than kCompactLongRow values go four at a time on AVX-512).
+TEST_F(CompactBf16, InterleavedRowsGiveTheSameProducts) {
+  ThreadPool pool(2);
+  for (int64_t k : {100, 4100, 8960}) {
+    const int64_t n = 13;
+    std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(k + 3), false);
+    for (size_t i = 3; i < bits.size(); i += 97) bits[i] = i % 2 ? uint16_t{0x0003} : uint16_t{0x8000};  // escapes
+    std::vector<float> x = test::random_floats(k, static_cast<uint32_t>(k));
+    std::vector<uint16_t> x_bf16;
+    for (float& v : x) {
+      x_bf16.push_back(float_to_bf16(v));
+      v = bf16_bits_to_float(x_bf16.back());
+    }
+    for (GemvIsa isa : test::available_gemv_isas()) {
+      force_gemv_isa(isa);
+      const auto in_order = compact_bf16(bits.data(), n, k, nullptr, 1.0, 1);
+      const auto grouped = compact_bf16(bits.data(), n, k, nullptr, 1.0, 4);
+      for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, n}, {1, n - 2}, {2, 11}}) {
+        std::vector<float> expected(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN());
+        std::vector<float> got = expected;
+        GemvProblem problem{.m = 1, .x = x.data(), .ldx = k, .x_bf16 = x_bf16.data(), .ldy = n};
+        problem.weight = {.type = GemvWeightType::CompactBF16, .n = n, .k = k, .compact = in_order.get()};
+        problem.y = reinterpret_cast<std::byte*>(expected.data());
+        const bool whole = begin == 0 && end == n;
+        whole ? gemv(problem, pool) : gemv_columns(problem, begin, end);
+        problem.weight.compact = grouped.get();
+        problem.y = reinterpret_cast<std::byte*>(got.data());
+        whole ? gemv(problem, pool) : gemv_columns(problem, begin, end);
         for (int64_t j = 0; j < n; ++j) {
-          w->decode_row(j, Elem::F32, reinterpret_cast<std::byte*>(floats.data()));
-          for (int64_t i = 0; i < k; ++i)
-            ASSERT_EQ(std::bit_cast<uint32_t>(floats[static_cast<size_t>(i)]),
-                      uint32_t{bits[static_cast<size_t>(j * k + i)]} << 16)
-                << label << " at [" << j << ", " << i << "]";
+          const bool written = j >= begin && j < end;
+          ASSERT_EQ(std::isnan(got[static_cast<size_t>(j)]), !written) << "k=" << k << " column " << j;
+          if (written)
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(j)]),
+                      std::bit_cast<uint32_t>(expected[static_cast<size_t>(j)]))
+                << "k=" << k << " isa " << static_cast<int>(isa) << " columns [" << begin << ", " << end << ") column "
+                << j;
         }
       }
     }
+  }
 }
 
 TEST_F(CompactBf16, EncodersAgreeByteForByte) {
-  const std::vector<uint16_t> bits = weight_bits(9, 1000, 7, true);
-  force_gemv_isa(GemvIsa::Portable);
-  const auto portable = compact_bf16(bits.data(), 9, 1000, nullptr, 1.0);
-  force_gemv_isa(std::nullopt);
-  ThreadPool pool(2);
-  const auto vector = compact_bf16(bits.data(), 9, 1000, &pool, 1.0);
-  ASSERT_EQ(portable->codes.size(), vector->codes.size());
-  EXPECT_EQ(std::memcmp(portable->codes.data(), vector->codes.data(), portable->codes.size()), 0);
-  EXPECT_EQ(portable->top, vector->top);
-  EXPECT_EQ(portable->escape_at, vector->escape_at);
-  ASSERT_EQ(portable->escapes.size(), vector->escapes.size());
-  for (size_t e = 0; e < portable->escapes.size(); ++e) {
-    EXPECT_EQ(portable->escapes[e].column, vector->escapes[e].column);
-    EXPECT_EQ(std::bit_cast<uint32_t>(portable->escapes[e].value), std::bit_cast<uint32_t>(vector->escapes[e].value));
+  for (int64_t interleave : {1, 4}) {
+    const std::vector<uint16_t> bits = weight_bits(9, 1000, 7, true);
+    force_gemv_isa(GemvIsa::Portable);
+    const auto portable = compact_bf16(bits.data(), 9, 1000, nullptr, 1.0, interleave);
+    force_gemv_isa(std::nullopt);
+    ThreadPool pool(2);
+    const auto vector = compact_bf16(bits.data(), 9, 1000, &pool, 1.0, interleave);
+    ASSERT_EQ(portable->codes.size(), vector->codes.size());
+    EXPECT_EQ(std::memcmp(portable->codes.data(), vector->codes.data(), portable->codes.size()), 0);
+    EXPECT_EQ(portable->top, vector->top);
+    EXPECT_EQ(portable->escape_at, vector->escape_at);
+    ASSERT_EQ(portable->escapes.size(), vector->escapes.size());
+    for (size_t e = 0; e < portable->escapes.size(); ++e) {
+      EXPECT_EQ(portable->escapes[e].column, vector->escapes[e].column);
+      EXPECT_EQ(std::bit_cast<uint32_t>(portable->escapes[e].value), std::bit_cast<uint32_t>(vector->escapes[e].value));
+    }
   }
 }
 

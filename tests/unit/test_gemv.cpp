@@ -72,7 +72,7 @@ TestWeight make_weight(GemvWeightType type, int64_t n, int64_t k, int64_t group 
       v = type == GemvWeightType::F16 ? fp16_to_float(bits) : bf16_bits_to_float(bits);
     }
     if (type == GemvWeightType::CompactBF16) {
-      w.compact = compact_bf16(w.half.data(), n, k);
+      w.compact = compact_bf16(w.half.data(), n, k, nullptr, kCompactEscapeShare, compact_interleave(k));
       if (!w.compact) fail("test weight: not compact");
     }
   } else if (type == GemvWeightType::Int8) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backends/cpu/gemv.h"
+#include "core/cpu_features.h"
 #include "npusim/error.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -49,15 +50,15 @@ int code_at(const uint8_t* block, int64_t t) {
   return (block[t] << 4) | nibble;
 }
 
-// Encodes values [begin, k) of row `row` into its codes `out` (zeroed, blocks * kCompactBlockBytes) and appends
+// Encodes values [begin, k) of row `row` into its codes `out` (zeroed blocks, `stride` bytes apart) and appends
 // their escapes.
-void encode_row_portable(const uint16_t* row, int64_t begin, int64_t k, int top, uint8_t* out,
+void encode_row_portable(const uint16_t* row, int64_t begin, int64_t k, int top, uint8_t* out, int64_t stride,
                          std::vector<CompactEscape>& escapes) {
   const int low = top - (kCompactWindow - 1);
   for (int64_t i = begin; i < k; ++i) {
     const int code = code_of(row[i], low);
     if (code < 0) escapes.push_back({static_cast<uint32_t>(i), bf16_bits_to_float(row[i])});
-    put_code(out + i / kCompactBlock * kCompactBlockBytes, i % kCompactBlock, std::max(code, 0));
+    put_code(out + i / kCompactBlock * stride, i % kCompactBlock, std::max(code, 0));
   }
 }
 
@@ -66,10 +67,10 @@ uint16_t decoded_bits(int code, int top) {
   return static_cast<uint16_t>(((code >> 11) << 15) | ((offset + top - (kCompactWindow - 1)) << 7) | (code & 0x7F));
 }
 
-// Values [begin, k) of a row from its codes.
-void decode_row_portable(const uint8_t* codes, int64_t begin, int64_t k, int top, uint16_t* out) {
+// Values [begin, k) of a row from its codes (blocks `stride` bytes apart).
+void decode_row_portable(const uint8_t* codes, int64_t stride, int64_t begin, int64_t k, int top, uint16_t* out) {
   for (int64_t i = begin; i < k; ++i)
-    out[i] = decoded_bits(code_at(codes + i / kCompactBlock * kCompactBlockBytes, i % kCompactBlock), top);
+    out[i] = decoded_bits(code_at(codes + i / kCompactBlock * stride, i % kCompactBlock), top);
 }
 
 #ifdef NPUSIM_COMPACT_X86
@@ -131,12 +132,13 @@ void encode_block_avx2(const uint16_t* values, int64_t base, __m256i low, uint8_
                       _mm256_or_si256(low_nibbles, _mm256_slli_epi16(high_nibbles, 4)));
 }
 
-void encode_row_avx2(const uint16_t* row, int64_t k, int top, uint8_t* out, std::vector<CompactEscape>& escapes) {
+void encode_row_avx2(const uint16_t* row, int64_t k, int top, uint8_t* out, int64_t stride,
+                     std::vector<CompactEscape>& escapes) {
   const __m256i low = _mm256_set1_epi16(static_cast<int16_t>((top - (kCompactWindow - 1)) << 7));
   const int64_t whole = k / kCompactBlock;
   for (int64_t b = 0; b < whole; ++b)
-    encode_block_avx2(row + b * kCompactBlock, b * kCompactBlock, low, out + b * kCompactBlockBytes, escapes);
-  encode_row_portable(row, whole * kCompactBlock, k, top, out, escapes);
+    encode_block_avx2(row + b * kCompactBlock, b * kCompactBlock, low, out + b * stride, escapes);
+  encode_row_portable(row, whole * kCompactBlock, k, top, out, stride, escapes);
 }
 
 // The four vectors of 16 codes of a block, each lane code << 4: values [0..7, 16..23], [8..15, 24..31],
@@ -159,12 +161,12 @@ inline __attribute__((always_inline)) __m256i sign_offset_mantissa(__m256i lane)
   return _mm256_and_si256(_mm256_srai_epi16(lane, 4), _mm256_set1_epi16(static_cast<int16_t>(0x87FF)));
 }
 
-void decode_row_avx2(const uint8_t* codes, int64_t k, int top, uint16_t* out) {
+void decode_row_avx2(const uint8_t* codes, int64_t stride, int64_t k, int top, uint16_t* out) {
   const __m256i exponent = _mm256_set1_epi16(static_cast<int16_t>((top - (kCompactWindow - 1)) << 7));
   const int64_t whole = k / kCompactBlock;
   for (int64_t b = 0; b < whole; ++b) {
     __m256i lanes[4];
-    block_lanes(codes + b * kCompactBlockBytes, lanes);
+    block_lanes(codes + b * stride, lanes);
     __m256i bits[4];
     for (int q = 0; q < 4; ++q) bits[q] = _mm256_add_epi16(sign_offset_mantissa(lanes[q]), exponent);
     auto* dst = reinterpret_cast<__m256i*>(out + b * kCompactBlock);
@@ -173,7 +175,7 @@ void decode_row_avx2(const uint8_t* codes, int64_t k, int top, uint16_t* out) {
     _mm256_storeu_si256(dst + 2, _mm256_permute2x128_si256(bits[2], bits[3], 0x20));
     _mm256_storeu_si256(dst + 3, _mm256_permute2x128_si256(bits[2], bits[3], 0x31));
   }
-  decode_row_portable(codes, whole * kCompactBlock, k, top, out);
+  decode_row_portable(codes, stride, whole * kCompactBlock, k, top, out);
 }
 
 #pragma GCC pop_options
@@ -198,10 +200,10 @@ void CompactBf16Weight::decode_row(int64_t j, Elem elem, std::byte* out) const {
   }
 #ifdef NPUSIM_COMPACT_X86
   if (vector_isa())
-    decode_row_avx2(row_codes(j), k, top_exponent, bits);
+    decode_row_avx2(row_codes(j), block_stride(j), k, top_exponent, bits);
   else
 #endif
-    decode_row_portable(row_codes(j), 0, k, top_exponent, bits);
+    decode_row_portable(row_codes(j), block_stride(j), 0, k, top_exponent, bits);
   for (int64_t e = escape_at[static_cast<size_t>(j)]; e < escape_at[static_cast<size_t>(j) + 1]; ++e) {
     const CompactEscape& escape = escapes[static_cast<size_t>(e)];
     bits[escape.column] = static_cast<uint16_t>(std::bit_cast<uint32_t>(escape.value) >> 16);
@@ -215,13 +217,19 @@ int64_t CompactBf16Weight::stored_bytes() const {
                               escape_at.size() * sizeof(int64_t));
 }
 
+int64_t compact_interleave(int64_t k) {
+  return k >= kCompactLongRow && gemv_isa() == GemvIsa::Avx512 && cpu_features().avx512bf16 ? 4 : 1;
+}
+
 std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int64_t n, int64_t k, ThreadPool* pool,
-                                                      double escape_share) {
+                                                      double escape_share, int64_t interleave) {
   if (n < 0 || k < 0) fail("compact bf16: negative weight dims");
   if (k > int64_t{UINT32_MAX}) fail("compact bf16: rows of " + std::to_string(k) + " values are too long");
+  if (interleave < 1) fail("compact bf16: rows interleaved in groups of " + std::to_string(interleave));
   auto weight = std::make_shared<CompactBf16Weight>();
   weight->n = n;
   weight->k = k;
+  weight->interleave = interleave;
   weight->codes = AlignedBuffer(static_cast<size_t>(n * weight->blocks() * kCompactBlockBytes), Pages::Huge);
   weight->top.resize(static_cast<size_t>(n));
   const auto limit = static_cast<int64_t>(escape_share * static_cast<double>(n * k));
@@ -236,19 +244,20 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
     std::vector<CompactEscape>& found = escapes[static_cast<size_t>(piece)];
     for (int64_t j = begin; j < end && total.load(std::memory_order_relaxed) <= limit; ++j) {
       const uint16_t* row = bits + j * k;
-      uint8_t* out = reinterpret_cast<uint8_t*>(weight->codes.data()) + j * weight->blocks() * kCompactBlockBytes;
+      uint8_t* out = reinterpret_cast<uint8_t*>(weight->codes.data()) + weight->row_offset(j);
+      const int64_t stride = weight->block_stride(j);
       const size_t before = found.size();
 #ifdef NPUSIM_COMPACT_X86
       if (vectors) {
         const int top = top_exponent_avx2(row, k);
         weight->top[static_cast<size_t>(j)] = static_cast<uint8_t>(top);
-        encode_row_avx2(row, k, top, out, found);
+        encode_row_avx2(row, k, top, out, stride, found);
       } else
 #endif
       {
         const int top = top_exponent_portable(row, k);
         weight->top[static_cast<size_t>(j)] = static_cast<uint8_t>(top);
-        encode_row_portable(row, 0, k, top, out, found);
+        encode_row_portable(row, 0, k, top, out, stride, found);
       }
       counts[static_cast<size_t>(piece)].push_back(static_cast<int64_t>(found.size() - before));
       total.fetch_add(static_cast<int64_t>(found.size() - before), std::memory_order_relaxed);

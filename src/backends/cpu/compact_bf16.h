@@ -14,6 +14,7 @@
 // 2^(127 - E): products sum those and scale the row's sum by 2^(E - 127) exactly, then add what the escapes differ
 // by. Vector decoders yield a block's values in an order of their own (see compact_bf16_gemv.cpp); the
 // activations are put in that order once per product.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -34,18 +35,26 @@ struct CompactEscape {
   float value = 0.0f;  // the bf16 value, exactly
 };
 
-// A bf16 weight [n, k] in compact form, owned.
+// A bf16 weight [n, k] in compact form, owned. Rows are stored in groups of `interleave` rows (the last group may
+// hold fewer): block 0 of every row of the group, then block 1 of every row, and so on, so that a kernel that reads
+// the group's rows together reads one stream. With interleave 1 each row's blocks follow each other.
 struct CompactBf16Weight {
-  AlignedBuffer codes;             // [n, blocks() * kCompactBlockBytes]
+  AlignedBuffer codes;             // n * blocks() blocks of kCompactBlockBytes
   std::vector<uint8_t> top;        // [n]: each row's top exponent E
   std::vector<int64_t> escape_at;  // [n + 1]: row j's escapes are escapes[escape_at[j], escape_at[j + 1])
   std::vector<CompactEscape> escapes;
-  int64_t n = 0, k = 0;
+  int64_t n = 0, k = 0, interleave = 1;
 
   int64_t blocks() const { return (k + kCompactBlock - 1) / kCompactBlock; }
-  const uint8_t* row_codes(int64_t j) const {
-    return reinterpret_cast<const uint8_t*>(codes.data()) + j * blocks() * kCompactBlockBytes;
+  // Where row j's first block lies in `codes`; its next blocks follow every block_stride(j) bytes.
+  int64_t row_offset(int64_t j) const {
+    const int64_t first = j / interleave * interleave;
+    return (first * blocks() + (j - first)) * kCompactBlockBytes;
   }
+  int64_t block_stride(int64_t j) const {
+    return std::min(interleave, n - j / interleave * interleave) * kCompactBlockBytes;
+  }
+  const uint8_t* row_codes(int64_t j) const { return reinterpret_cast<const uint8_t*>(codes.data()) + row_offset(j); }
   // 2^(E - 127) for row j: what its decoded sums are multiplied by.
   float row_scale(int64_t j) const;
   // Row j's k values in order, exactly, as bf16 bits or fp32 (elem BF16 or F32).
@@ -54,13 +63,14 @@ struct CompactBf16Weight {
   int64_t stored_bytes() const;
 };
 
-// The compact form of a bf16 weight [n, k] (bits, row-major), or null when more than `escape_share` of its values
-// would be escapes (the weight then stays as it is: escapes cost a product 8 bytes each). Rows are split over the
-// pool.
+// The compact form of a bf16 weight [n, k] (bits, row-major) with rows in groups of `interleave`, or null when more
+// than `escape_share` of its values would be escapes (the weight then stays as it is: escapes cost a product 8 bytes
+// each). Rows are split over the pool.
 constexpr double kCompactEscapeShare = 1.0 / 256;
 std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int64_t n, int64_t k,
                                                       ThreadPool* pool = nullptr,
-                                                      double escape_share = kCompactEscapeShare);
+                                                      double escape_share = kCompactEscapeShare,
+                                                      int64_t interleave = 1);
 
 // Products of one activation row x [k] with row j of a compact weight, without bias (compact_bf16_gemv.cpp).
 // `x_ordered` is x put in the decoder's order by order_for_avx2 / order_for_avx512: blocks() * kCompactBlock
@@ -68,7 +78,7 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
 void order_for_avx2(const float* x, int64_t k, float* out);
 void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out);
 float compact_dot_avx2(const CompactBf16Weight& weight, int64_t j, const float* x_ordered, const float* x);
-// Rows j .. j + R at once: each activation load serves R rows (R = 1 or 4).
+// Rows j .. j + R at once: each activation load serves R rows (R = 1 or 4), which must share a block stride.
 template <int R>
 void compact_dots_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x,
                          float (&out)[R]);
@@ -76,5 +86,9 @@ void compact_dots_avx512(const CompactBf16Weight& weight, int64_t j, const uint1
 // beside the codes streaming through (one row at a time measured 1.11x the bf16 GEMV on k = 8960, against 1.4x on
 // k = 1536).
 constexpr int64_t kCompactLongRow = 4096;
+
+// The interleave the GEMV reads fastest on this CPU for rows of k values: 4 where the AVX-512 kernel reads long rows
+// four at a time (one stream instead of four: 1.3x on one Zen 4 thread, k = 8960), else 1.
+int64_t compact_interleave(int64_t k);
 
 }  // namespace npusim::cpu

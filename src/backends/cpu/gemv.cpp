@@ -877,7 +877,7 @@ void run_columns(const GemvProblem& p, const Activations& activations, int64_t b
     if (activations.compact_bf16) {
       int64_t j = begin;
       if (compact.k >= kCompactLongRow)
-        for (; j + 4 <= end; j += 4) {
+        for (; j + 4 <= end && compact.block_stride(j) == compact.block_stride(j + 3); j += 4) {
           float sums[4];
           compact_dots_avx512<4>(compact, j, activations.compact_bf16, p.x, sums);
           for (int r = 0; r < 4; ++r) store_result(p, 0, j + r, sums[r]);

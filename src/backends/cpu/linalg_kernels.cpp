@@ -80,7 +80,8 @@ std::shared_ptr<const QuantizedWeight> shared_quantized(const LinearShape& s, in
 // Null when the weight has too many values outside its rows' windows (it is then read as it is).
 std::shared_ptr<const CompactBf16Weight> shared_compact(const LinearShape& s, ThreadPool& pool) {
   return shared_form<CompactBf16Weight>(FormKey{s.weight.data, s.weight.elem, s.n, s.k, 0}, [&] {
-    return compact_bf16(reinterpret_cast<const uint16_t*>(s.weight.data), s.n, s.k, &pool);
+    return compact_bf16(reinterpret_cast<const uint16_t*>(s.weight.data), s.n, s.k, &pool, kCompactEscapeShare,
+                        compact_interleave(s.k));
   });
 }
 
