@@ -92,11 +92,11 @@ TEST_F(CompactBf16, InterleavedRowsHoldTheSameBlocksInGroupOrder) {
 }
 
 // The same kernels over rows in groups give the same sums bit for bit, whole and from odd column ranges that split
-// groups (rows of more than kCompactLongRow values go four at a time on AVX-512).
+// groups (rows of kCompactLongRow values and more go kCompactLongRowGroup at a time on AVX-512).
 TEST_F(CompactBf16, InterleavedRowsGiveTheSameProducts) {
   ThreadPool pool(2);
   for (int64_t k : {100, 4100, 8960}) {
-    const int64_t n = 13;
+    const int64_t n = 2 * kCompactLongRowGroup + 5;
     std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(k + 3), false);
     for (size_t i = 3; i < bits.size(); i += 97) bits[i] = i % 2 ? uint16_t{0x0003} : uint16_t{0x8000};  // escapes
     std::vector<float> x = test::random_floats(k, static_cast<uint32_t>(k));
@@ -108,26 +108,28 @@ TEST_F(CompactBf16, InterleavedRowsGiveTheSameProducts) {
     for (GemvIsa isa : test::available_gemv_isas()) {
       force_gemv_isa(isa);
       const auto in_order = compact_bf16(bits.data(), n, k, nullptr, 1.0, 1);
-      const auto grouped = compact_bf16(bits.data(), n, k, nullptr, 1.0, 4);
-      for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, n}, {1, n - 2}, {2, 11}}) {
-        std::vector<float> expected(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN());
-        std::vector<float> got = expected;
-        GemvProblem problem{.m = 1, .x = x.data(), .ldx = k, .x_bf16 = x_bf16.data(), .ldy = n};
-        problem.weight = {.type = GemvWeightType::CompactBF16, .n = n, .k = k, .compact = in_order.get()};
-        problem.y = reinterpret_cast<std::byte*>(expected.data());
-        const bool whole = begin == 0 && end == n;
-        whole ? gemv(problem, pool) : gemv_columns(problem, begin, end);
-        problem.weight.compact = grouped.get();
-        problem.y = reinterpret_cast<std::byte*>(got.data());
-        whole ? gemv(problem, pool) : gemv_columns(problem, begin, end);
-        for (int64_t j = 0; j < n; ++j) {
-          const bool written = j >= begin && j < end;
-          ASSERT_EQ(std::isnan(got[static_cast<size_t>(j)]), !written) << "k=" << k << " column " << j;
-          if (written)
-            ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(j)]),
-                      std::bit_cast<uint32_t>(expected[static_cast<size_t>(j)]))
-                << "k=" << k << " isa " << static_cast<int>(isa) << " columns [" << begin << ", " << end << ") column "
-                << j;
+      for (int64_t interleave : {int64_t{4}, int64_t{kCompactLongRowGroup}}) {
+        const auto grouped = compact_bf16(bits.data(), n, k, nullptr, 1.0, interleave);
+        for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, n}, {1, n - 2}, {2, 11}, {8, n}}) {
+          std::vector<float> expected(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN());
+          std::vector<float> got = expected;
+          GemvProblem problem{.m = 1, .x = x.data(), .ldx = k, .x_bf16 = x_bf16.data(), .ldy = n};
+          problem.weight = {.type = GemvWeightType::CompactBF16, .n = n, .k = k, .compact = in_order.get()};
+          problem.y = reinterpret_cast<std::byte*>(expected.data());
+          const bool whole = begin == 0 && end == n;
+          whole ? gemv(problem, pool) : gemv_columns(problem, begin, end);
+          problem.weight.compact = grouped.get();
+          problem.y = reinterpret_cast<std::byte*>(got.data());
+          whole ? gemv(problem, pool) : gemv_columns(problem, begin, end);
+          for (int64_t j = 0; j < n; ++j) {
+            const bool written = j >= begin && j < end;
+            ASSERT_EQ(std::isnan(got[static_cast<size_t>(j)]), !written) << "k=" << k << " column " << j;
+            if (written)
+              ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(j)]),
+                        std::bit_cast<uint32_t>(expected[static_cast<size_t>(j)]))
+                  << "k=" << k << " interleave " << interleave << " isa " << static_cast<int>(isa) << " columns ["
+                  << begin << ", " << end << ") column " << j;
+          }
         }
       }
     }

@@ -78,17 +78,20 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
 void order_for_avx2(const float* x, int64_t k, float* out);
 void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out);
 float compact_dot_avx2(const CompactBf16Weight& weight, int64_t j, const float* x_ordered, const float* x);
-// Rows j .. j + R at once: each activation load serves R rows (R = 1 or 4), which must share a block stride.
+// Rows j .. j + R at once: each activation load serves R rows (R = 1 or kCompactLongRowGroup), which must share a
+// block stride.
 template <int R>
 void compact_dots_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x,
                          float (&out)[R]);
-// Rows of at least this many values go four at a time on AVX-512: their activations (8 KiB and more) then stay in L1
-// beside the codes streaming through (one row at a time measured 1.11x the bf16 GEMV on k = 8960, against 1.4x on
-// k = 1536).
+// Rows of at least this many values go kCompactLongRowGroup at a time on AVX-512, stored interleaved so that the
+// group reads as one stream: their activations (8 KiB and more) are then read once per group rather than once per
+// row. On one Zen 4 thread, k = 8960: one row at a time 18-19 GB/s, four rows each in its own stream 20, four
+// interleaved 24-25, eight interleaved 26-27 (k = 1536, one row at a time: 28).
 constexpr int64_t kCompactLongRow = 4096;
+constexpr int kCompactLongRowGroup = 8;
 
-// The interleave the GEMV reads fastest on this CPU for rows of k values: 4 where the AVX-512 kernel reads long rows
-// four at a time (one stream instead of four: 1.3x on one Zen 4 thread, k = 8960), else 1.
+// The interleave the GEMV reads fastest on this CPU for rows of k values: kCompactLongRowGroup where the AVX-512
+// kernel reads long rows that many at a time, else 1.
 int64_t compact_interleave(int64_t k);
 
 }  // namespace npusim::cpu

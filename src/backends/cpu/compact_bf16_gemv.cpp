@@ -156,7 +156,7 @@ void compact_dots_avx512(const CompactBf16Weight& w, int64_t j, const uint16_t* 
     const uint16_t* xb = x_ordered + b * kCompactBlock;
     const auto x0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xb));
     const auto x1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xb + 32));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const uint8_t* block = codes[r] + b * stride;
       const __m512i high = _mm512_loadu_si512(block);
@@ -180,7 +180,8 @@ void compact_dots_avx512(const CompactBf16Weight& w, int64_t j, const uint16_t* 
 }
 
 template void compact_dots_avx512<1>(const CompactBf16Weight&, int64_t, const uint16_t*, const float*, float (&)[1]);
-template void compact_dots_avx512<4>(const CompactBf16Weight&, int64_t, const uint16_t*, const float*, float (&)[4]);
+template void compact_dots_avx512<kCompactLongRowGroup>(const CompactBf16Weight&, int64_t, const uint16_t*,
+                                                        const float*, float (&)[kCompactLongRowGroup]);
 
 #pragma GCC diagnostic pop
 #pragma GCC pop_options

@@ -876,11 +876,12 @@ void run_columns(const GemvProblem& p, const Activations& activations, int64_t b
     const CompactBf16Weight& compact = *p.weight.compact;
     if (activations.compact_bf16) {
       int64_t j = begin;
+      constexpr int group = kCompactLongRowGroup;
       if (compact.k >= kCompactLongRow)
-        for (; j + 4 <= end && compact.block_stride(j) == compact.block_stride(j + 3); j += 4) {
-          float sums[4];
-          compact_dots_avx512<4>(compact, j, activations.compact_bf16, p.x, sums);
-          for (int r = 0; r < 4; ++r) store_result(p, 0, j + r, sums[r]);
+        for (; j + group <= end && compact.block_stride(j) == compact.block_stride(j + group - 1); j += group) {
+          float sums[group];
+          compact_dots_avx512<group>(compact, j, activations.compact_bf16, p.x, sums);
+          for (int r = 0; r < group; ++r) store_result(p, 0, j + r, sums[r]);
         }
       for (; j < end; ++j) {
         float sum[1];
