@@ -77,21 +77,23 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
 // values, zero past k. The AVX-512 kernel multiplies bf16 pairs and so takes x as bf16 (exactly x).
 void order_for_avx2(const float* x, int64_t k, float* out);
 void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out);
-float compact_dot_avx2(const CompactBf16Weight& weight, int64_t j, const float* x_ordered, const float* x);
-// Rows j .. j + R at once: each activation load serves R rows (R = 1 or kCompactLongRowGroup), which must share a
-// block stride.
+// Rows j .. j + R at once (R = 1 or kCompactLongRowGroup; rows that share a block stride): each activation load
+// serves R rows.
+template <int R>
+void compact_dots_avx2(const CompactBf16Weight& weight, int64_t j, const float* x_ordered, const float* x,
+                       float (&out)[R]);
 template <int R>
 void compact_dots_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x,
                          float (&out)[R]);
-// Rows of at least this many values go kCompactLongRowGroup at a time on AVX-512, stored interleaved so that the
-// group reads as one stream: their activations (8 KiB and more) are then read once per group rather than once per
-// row. On one Zen 4 thread, k = 8960: one row at a time 18-19 GB/s, four rows each in its own stream 20, four
-// interleaved 24-25, eight interleaved 26-27 (k = 1536, one row at a time: 28).
+// Rows of at least this many values go kCompactLongRowGroup at a time: their activations (8 KiB and more) are then
+// read once per group rather than once per row. k = 8960 on one Zen 4 thread, AVX-512 (bf16 activations): one row
+// at a time 18-19 GB/s, four rows 20, eight rows 24-25, eight rows interleaved (one stream) 26-27; k = 1536, one row
+// at a time: 28. AVX2 (fp32 activations, 35 KiB): one row at a time 10-11, eight rows 17-19, eight interleaved 15.
 constexpr int64_t kCompactLongRow = 4096;
 constexpr int kCompactLongRowGroup = 8;
 
 // The interleave the GEMV reads fastest on this CPU for rows of k values: kCompactLongRowGroup where the AVX-512
-// kernel reads long rows that many at a time, else 1.
+// kernel reads long rows, else 1.
 int64_t compact_interleave(int64_t k);
 
 }  // namespace npusim::cpu

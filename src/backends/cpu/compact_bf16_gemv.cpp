@@ -87,47 +87,69 @@ void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 
-// The AVX2 kernel prefetches (measured 2-8% faster on one Zen 4 thread); the AVX-512 one leaves its streams to the
-// hardware (software prefetches measured 8-12% slower for one row there, 5-10% for four rows of 8960 values, on one
-// and two threads). Eight blocks ahead: 768 bytes in a row whose blocks follow each other.
+// The AVX2 kernel prefetches for one row (measured 2-8% faster on one Zen 4 thread), not for a group (30% slower
+// with); the AVX-512 one leaves its streams to the hardware (software prefetches measured 8-12% slower for one row
+// there, 5-10% for four rows of 8960 values, on one and two threads). Eight blocks ahead: 768 bytes in a row whose
+// blocks follow each other.
 constexpr int64_t kPrefetchBlocks = 8;
 
-float compact_dot_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ordered, const float* x) {
-  const uint8_t* codes = w.row_codes(j);
-  const int64_t stride = w.block_stride(j);
+// Vector q (0..3) of a block's codes, each 16-bit lane code << 4: values [0..7, 16..23], [8..15, 24..31],
+// [32..39, 48..55], [40..47, 56..63].
+inline __attribute__((always_inline)) __m256i block_lane(const uint8_t* block, int q) {
+  const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCompactBlock));
   const __m256i high_mask = _mm256_set1_epi8(static_cast<char>(0xF0));
+  const __m256i low = _mm256_and_si256(q < 2 ? _mm256_slli_epi16(nibbles, 4) : nibbles, high_mask);
+  const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * (q / 2)));
+  return q % 2 == 0 ? _mm256_unpacklo_epi8(low, high) : _mm256_unpackhi_epi8(low, high);
+}
+
+template <int R>
+void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ordered, const float* x, float (&out)[R]) {
+  const uint8_t* codes[R];
+  for (int r = 0; r < R; ++r) codes[r] = w.row_codes(j + r);
+  const int64_t stride = w.block_stride(j);
   const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(0x87FF)), exponent = _mm256_set1_epi16(0x3800);
   const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  // One row keeps four chains of multiply-adds in flight; a group one chain per row (the registers hold no more).
+  constexpr int kChains = R == 1 ? 4 : 1;
+  __m256 acc[R][kChains];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
   const int64_t blocks = w.blocks();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = codes + b * stride;
-    _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBlocks * stride), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(block + kPrefetchBlocks * stride + 64), _MM_HINT_T0);
-    const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCompactBlock));
-    const __m256i first = _mm256_and_si256(_mm256_slli_epi16(nibbles, 4), high_mask);
-    const __m256i second = _mm256_and_si256(nibbles, high_mask);
-    const __m256i high0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
-    const __m256i high1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
-    const __m256i lanes[4] = {_mm256_unpacklo_epi8(first, high0), _mm256_unpackhi_epi8(first, high0),
-                              _mm256_unpacklo_epi8(second, high1), _mm256_unpackhi_epi8(second, high1)};
+    if constexpr (R == 1) {
+      _mm_prefetch(reinterpret_cast<const char*>(codes[0] + (b + kPrefetchBlocks) * stride), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(codes[0] + (b + kPrefetchBlocks) * stride + 64), _MM_HINT_T0);
+    }
     const float* xb = x_ordered + b * kCompactBlock;
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) {
-      const __m256i bits = _mm256_or_si256(_mm256_and_si256(_mm256_srai_epi16(lanes[q], 4), keep), exponent);
-      acc[q & 1] =
-          _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), _mm256_loadu_ps(xb + 16 * q), acc[q & 1]);
-      acc[2 + (q & 1)] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(bits, odd)),
-                                         _mm256_loadu_ps(xb + 16 * q + 8), acc[2 + (q & 1)]);
+      const __m256 x_even = _mm256_loadu_ps(xb + 16 * q), x_odd = _mm256_loadu_ps(xb + 16 * q + 8);
+      const int even_chain = R == 1 ? q & 1 : 0, odd_chain = R == 1 ? 2 + (q & 1) : 0;
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i lane = block_lane(codes[r] + b * stride, q);
+        const __m256i bits = _mm256_or_si256(_mm256_and_si256(_mm256_srai_epi16(lane, 4), keep), exponent);
+        acc[r][even_chain] =
+            _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), x_even, acc[r][even_chain]);
+        acc[r][odd_chain] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(bits, odd)), x_odd, acc[r][odd_chain]);
+      }
     }
   }
-  const __m256 total = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-  const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-  const float sum = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-  const float scale = w.row_scale(j);
-  return sum * scale + escape_terms(w, j, x, scale);
+  for (int r = 0; r < R; ++r) {
+    __m256 total = acc[r][0];
+    for (int c = 1; c < kChains; ++c) total = _mm256_add_ps(total, acc[r][c]);
+    const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+    const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+    const float sum = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+    const float scale = w.row_scale(j + r);
+    out[r] = sum * scale + escape_terms(w, j + r, x, scale);
+  }
 }
+
+template void compact_dots_avx2<1>(const CompactBf16Weight&, int64_t, const float*, const float*, float (&)[1]);
+template void compact_dots_avx2<kCompactLongRowGroup>(const CompactBf16Weight&, int64_t, const float*, const float*,
+                                                      float (&)[kCompactLongRowGroup]);
 
 #pragma GCC pop_options
 

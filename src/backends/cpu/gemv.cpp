@@ -849,6 +849,26 @@ Activations prepare_activations([[maybe_unused]] const GemvProblem& p) {
 
 void run_columns(const GemvProblem& p, const Activations& activations, int64_t begin, int64_t end);
 
+// Columns of a compact weight: long rows kCompactLongRowGroup at a time where they share a block stride (an
+// interleaved group), the others one at a time; `dots(j, sums)` computes rows j .. j + R.
+template <class Dots>
+void compact_columns(const GemvProblem& p, int64_t begin, int64_t end, const Dots& dots) {
+  const CompactBf16Weight& compact = *p.weight.compact;
+  constexpr int group = kCompactLongRowGroup;
+  int64_t j = begin;
+  if (compact.k >= kCompactLongRow)
+    for (; j + group <= end && compact.block_stride(j) == compact.block_stride(j + group - 1); j += group) {
+      float sums[group];
+      dots(j, sums);
+      for (int r = 0; r < group; ++r) store_result(p, 0, j + r, sums[r]);
+    }
+  for (; j < end; ++j) {
+    float sum[1];
+    dots(j, sum);
+    store_result(p, 0, j, sum[0]);
+  }
+}
+
 // Rows of a compact weight decoded a few at a time into bf16 scratch, each few multiplied as a bf16 weight.
 void decoded_compact_columns(const GemvProblem& p, int64_t begin, int64_t end) {
   constexpr int64_t kRows = 8;
@@ -874,27 +894,14 @@ void run_columns(const GemvProblem& p, const Activations& activations, int64_t b
   if (p.weight.type == GemvWeightType::CompactBF16) {
 #ifdef NPUSIM_GEMV_X86
     const CompactBf16Weight& compact = *p.weight.compact;
-    if (activations.compact_bf16) {
-      int64_t j = begin;
-      constexpr int group = kCompactLongRowGroup;
-      if (compact.k >= kCompactLongRow)
-        for (; j + group <= end && compact.block_stride(j) == compact.block_stride(j + group - 1); j += group) {
-          float sums[group];
-          compact_dots_avx512<group>(compact, j, activations.compact_bf16, p.x, sums);
-          for (int r = 0; r < group; ++r) store_result(p, 0, j + r, sums[r]);
-        }
-      for (; j < end; ++j) {
-        float sum[1];
-        compact_dots_avx512<1>(compact, j, activations.compact_bf16, p.x, sum);
-        store_result(p, 0, j, sum[0]);
-      }
-      return;
-    }
-    if (activations.compact_floats) {
-      for (int64_t j = begin; j < end; ++j)
-        store_result(p, 0, j, compact_dot_avx2(compact, j, activations.compact_floats, p.x));
-      return;
-    }
+    if (activations.compact_bf16)
+      return compact_columns(p, begin, end, [&]<int R>(int64_t j, float(&sums)[R]) {
+        compact_dots_avx512<R>(compact, j, activations.compact_bf16, p.x, sums);
+      });
+    if (activations.compact_floats)
+      return compact_columns(p, begin, end, [&]<int R>(int64_t j, float(&sums)[R]) {
+        compact_dots_avx2<R>(compact, j, activations.compact_floats, p.x, sums);
+      });
 #endif
     return decoded_compact_columns(p, begin, end);
   }
