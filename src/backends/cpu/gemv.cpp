@@ -820,9 +820,9 @@ namespace {
 // Scratch of the thread that prepares activations; grows, never shrinks, so steady-state calls allocate nothing.
 struct PreparedScratch {
   ActivationScratch int8;
-  std::vector<float> paired;
+  LineAlignedArray<float> paired;
   Int8Activations quantized;
-  std::vector<uint16_t> ordered_bf16;
+  LineAlignedArray<uint16_t> ordered_bf16;
 };
 
 // Prepares what the AVX2 kernels read besides the weight (nothing for the portable ones); the result lives in the
