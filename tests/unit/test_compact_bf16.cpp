@@ -37,6 +37,17 @@ std::vector<uint16_t> weight_bits(int64_t n, int64_t k, uint32_t seed, bool spec
   return bits;
 }
 
+// Random activations rounded to bf16: their values, and their bits.
+std::pair<std::vector<float>, std::vector<uint16_t>> bf16_activations(int64_t count, uint32_t seed) {
+  std::vector<float> values = test::random_floats(count, seed);
+  std::vector<uint16_t> bits;
+  for (float& v : values) {
+    bits.push_back(float_to_bf16(v));
+    v = bf16_bits_to_float(bits.back());
+  }
+  return {values, bits};
+}
+
 std::vector<uint16_t> decoded(const CompactBf16Weight& w) {
   std::vector<uint16_t> out(static_cast<size_t>(w.n * w.k), 0xDEAD);
   for (int64_t j = 0; j < w.n; ++j) w.decode_row(j, Elem::BF16, reinterpret_cast<std::byte*>(out.data() + j * w.k));
@@ -98,12 +109,7 @@ TEST_F(CompactBf16, InterleavedRowsGiveTheSameProducts) {
     const int64_t n = 2 * kCompactLongRowGroup + 5;
     std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(k + 3), false);
     for (size_t i = 3; i < bits.size(); i += 97) bits[i] = i % 2 ? uint16_t{0x0003} : uint16_t{0x8000};  // escapes
-    std::vector<float> x = test::random_floats(k, static_cast<uint32_t>(k));
-    std::vector<uint16_t> x_bf16;
-    for (float& v : x) {
-      x_bf16.push_back(float_to_bf16(v));
-      v = bf16_bits_to_float(x_bf16.back());
-    }
+    const auto [x, x_bf16] = bf16_activations(k, static_cast<uint32_t>(k));
     for (GemvIsa isa : test::available_gemv_isas()) {
       force_gemv_isa(isa);
       const auto in_order = compact_bf16(bits.data(), n, k, nullptr, 1.0, 1);
@@ -188,12 +194,7 @@ TEST_F(CompactBf16, ProductsWithEscapesMatchTheBf16Product) {
     ASSERT_NE(w, nullptr);
     ASSERT_GT(w->escapes.size(), 0u);
     for (int64_t m : {1, 3}) {
-      std::vector<float> x = test::random_floats(m * k, static_cast<uint32_t>(m + k));
-      std::vector<uint16_t> x_bf16;
-      for (float& v : x) {
-        x_bf16.push_back(float_to_bf16(v));
-        v = bf16_bits_to_float(x_bf16.back());
-      }
+      const auto [x, x_bf16] = bf16_activations(m * k, static_cast<uint32_t>(m + k));
       for (GemvIsa isa : test::available_gemv_isas()) {
         force_gemv_isa(isa);
         std::vector<float> plain(static_cast<size_t>(m * n), std::numeric_limits<float>::quiet_NaN());
