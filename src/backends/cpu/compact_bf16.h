@@ -48,10 +48,12 @@ struct CompactBf16Weight {
   int64_t blocks() const { return (k + kCompactBlock - 1) / kCompactBlock; }
   // Where row j's first block lies in `codes`; its next blocks follow every block_stride(j) bytes.
   int64_t row_offset(int64_t j) const {
+    if (interleave == 1) return j * blocks() * kCompactBlockBytes;  // no division for rows in order
     const int64_t first = j / interleave * interleave;
     return (first * blocks() + (j - first)) * kCompactBlockBytes;
   }
   int64_t block_stride(int64_t j) const {
+    if (interleave == 1) return kCompactBlockBytes;
     return std::min(interleave, n - j / interleave * interleave) * kCompactBlockBytes;
   }
   const uint8_t* row_codes(int64_t j) const { return reinterpret_cast<const uint8_t*>(codes.data()) + row_offset(j); }

@@ -122,13 +122,18 @@ void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ord
       _mm_prefetch(reinterpret_cast<const char*>(codes[0] + (b + kPrefetchBlocks) * stride + 64), _MM_HINT_T0);
     }
     const float* xb = x_ordered + b * kCompactBlock;
+    // One row decodes its block's four vectors at once (10-20% faster than one at a time); a group decodes each
+    // row's vector q where it is used, which keeps the registers for the group's sums.
+    [[maybe_unused]] __m256i lanes[4];
+    if constexpr (R == 1)
+      for (int q = 0; q < 4; ++q) lanes[q] = block_lane(codes[0] + b * stride, q);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) {
       const __m256 x_even = _mm256_loadu_ps(xb + 16 * q), x_odd = _mm256_loadu_ps(xb + 16 * q + 8);
       const int even_chain = R == 1 ? q & 1 : 0, odd_chain = R == 1 ? 2 + (q & 1) : 0;
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m256i lane = block_lane(codes[r] + b * stride, q);
+        const __m256i lane = R == 1 ? lanes[q] : block_lane(codes[r] + b * stride, q);
         const __m256i bits = _mm256_or_si256(_mm256_and_si256(_mm256_srai_epi16(lane, 4), keep), exponent);
         acc[r][even_chain] =
             _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), x_even, acc[r][even_chain]);
