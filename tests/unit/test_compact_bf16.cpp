@@ -102,11 +102,11 @@ TEST_F(CompactBf16, InterleavedRowsHoldTheSameBlocksInGroupOrder) {
 }
 
 // Rows in groups give the products of rows one after another, whole and from column ranges that split groups or
-// end in the last, smaller one (rows of kCompactLongRow values and more go kCompactLongRowGroup at a time).
+// end in the last, smaller one (rows of kGemvLongRow values and more go kGemvLongRowGroup at a time).
 TEST_F(CompactBf16, InterleavedRowsGiveTheSameProducts) {
   ThreadPool pool(2);
   for (int64_t k : {100, 4100, 8960}) {
-    const int64_t n = 2 * kCompactLongRowGroup + 5;
+    const int64_t n = 2 * kGemvLongRowGroup + 5;
     std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(k + 3), false);
     for (size_t i = 3; i < bits.size(); i += 97) bits[i] = i % 2 ? uint16_t{0x0003} : uint16_t{0x8000};  // escapes
     const auto [x, x_bf16] = bf16_activations(k, static_cast<uint32_t>(k));
@@ -118,7 +118,7 @@ TEST_F(CompactBf16, InterleavedRowsGiveTheSameProducts) {
       problem.weight = {.type = GemvWeightType::CompactBF16, .n = n, .k = k, .compact = in_order.get()};
       problem.y = reinterpret_cast<std::byte*>(expected.data());
       gemv_columns(problem, 0, n);
-      for (int64_t interleave : {int64_t{4}, int64_t{kCompactLongRowGroup}}) {
+      for (int64_t interleave : {int64_t{4}, int64_t{kGemvLongRowGroup}}) {
         const auto grouped = compact_bf16(bits.data(), n, k, nullptr, 1.0, interleave);
         problem.weight.compact = grouped.get();
         for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, n}, {1, n - 2}, {2, 11}, {8, n}, {13, n}}) {

@@ -218,7 +218,7 @@ int64_t CompactBf16Weight::stored_bytes() const {
 }
 
 int64_t compact_interleave(int64_t k) {
-  return k >= kCompactLongRow && gemv_isa() == GemvIsa::Avx512 && cpu_features().avx512bf16 ? kCompactLongRowGroup : 1;
+  return k >= kGemvLongRow && gemv_isa() == GemvIsa::Avx512 && cpu_features().avx512bf16 ? kGemvLongRowGroup : 1;
 }
 
 std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int64_t n, int64_t k, ThreadPool* pool,

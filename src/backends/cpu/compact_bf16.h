@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/cpu/gemv.h"
 #include "backends/cpu/storage.h"
 #include "backends/cpu/thread_pool.h"
 
@@ -79,7 +80,7 @@ std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int6
 // values, zero past k. The AVX-512 kernel multiplies bf16 pairs and so takes x as bf16 (exactly x).
 void order_for_avx2(const float* x, int64_t k, float* out);
 void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out);
-// Rows j .. j + R at once (R = 1 or kCompactLongRowGroup; rows that share a block stride): each activation load
+// Rows j .. j + R at once (R = 1 or kGemvLongRowGroup; rows that share a block stride): each activation load
 // serves R rows.
 template <int R>
 void compact_dots_avx2(const CompactBf16Weight& weight, int64_t j, const float* x_ordered, const float* x,
@@ -87,14 +88,12 @@ void compact_dots_avx2(const CompactBf16Weight& weight, int64_t j, const float* 
 template <int R>
 void compact_dots_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x,
                          float (&out)[R]);
-// Rows of at least this many values go kCompactLongRowGroup at a time: their activations (8 KiB and more) are then
-// read once per group rather than once per row. k = 8960 on one Zen 4 thread, AVX-512 (bf16 activations): one row
-// at a time 18-19 GB/s, four rows 20, eight rows 24-25, eight rows interleaved (one stream) 26-27; k = 1536, one row
-// at a time: 28. AVX2 (fp32 activations, 35 KiB): one row at a time 10-11, eight rows 17-19, eight interleaved 15.
-constexpr int64_t kCompactLongRow = 4096;
-constexpr int kCompactLongRowGroup = 8;
+// Long rows (kGemvLongRow values and more, gemv.h) go kGemvLongRowGroup at a time: k = 8960 on one Zen 4 thread,
+// AVX-512 (bf16 activations): one row at a time 18-19 GB/s, four rows 20, eight rows 24-25, eight rows interleaved
+// (one stream) 26-27; k = 1536, one row at a time: 28. AVX2 (fp32 activations, 35 KiB): one row at a time 10-11,
+// eight rows 17-19, eight interleaved 15.
 
-// The interleave the GEMV reads fastest on this CPU for rows of k values: kCompactLongRowGroup where the AVX-512
+// The interleave the GEMV reads fastest on this CPU for rows of k values: kGemvLongRowGroup where the AVX-512
 // kernel reads long rows, else 1.
 int64_t compact_interleave(int64_t k);
 

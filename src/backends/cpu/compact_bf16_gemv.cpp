@@ -153,8 +153,8 @@ void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ord
 }
 
 template void compact_dots_avx2<1>(const CompactBf16Weight&, int64_t, const float*, const float*, float (&)[1]);
-template void compact_dots_avx2<kCompactLongRowGroup>(const CompactBf16Weight&, int64_t, const float*, const float*,
-                                                      float (&)[kCompactLongRowGroup]);
+template void compact_dots_avx2<kGemvLongRowGroup>(const CompactBf16Weight&, int64_t, const float*, const float*,
+                                                   float (&)[kGemvLongRowGroup]);
 
 #pragma GCC pop_options
 
@@ -207,8 +207,8 @@ void compact_dots_avx512(const CompactBf16Weight& w, int64_t j, const uint16_t* 
 }
 
 template void compact_dots_avx512<1>(const CompactBf16Weight&, int64_t, const uint16_t*, const float*, float (&)[1]);
-template void compact_dots_avx512<kCompactLongRowGroup>(const CompactBf16Weight&, int64_t, const uint16_t*,
-                                                        const float*, float (&)[kCompactLongRowGroup]);
+template void compact_dots_avx512<kGemvLongRowGroup>(const CompactBf16Weight&, int64_t, const uint16_t*, const float*,
+                                                     float (&)[kGemvLongRowGroup]);
 
 #pragma GCC diagnostic pop
 #pragma GCC pop_options

@@ -96,16 +96,9 @@ struct Activations {
   const float* compact_floats = nullptr;
 };
 
-// Rows this long go kLongRowGroup at a time against one row of activations, in every kernel: their activations
-// (8-35 KiB) no longer stay in L1 beside the weights streaming through, so they are read once per group rather than
-// once per row (k = 8960, one Zen 4 thread, AVX2 kernels: bf16 and f16 rows one at a time 11-12 GB/s, eight at a
-// time 17-18; compact_bf16.h and avx512_bf16_columns for the others).
-constexpr int64_t kLongRow = kCompactLongRow;
-constexpr int kLongRowGroup = kCompactLongRowGroup;
-
 bool one_bf16_row(const GemvProblem& p) { return p.weight.type == GemvWeightType::BF16 && p.m == 1; }
-// Short bf16 rows against one row of activations pair them; long ones go kLongRowGroup at a time instead.
-bool paired_products(const GemvProblem& p) { return one_bf16_row(p) && p.weight.k < kLongRow; }
+// Short bf16 rows against one row of activations pair them; long ones go kGemvLongRowGroup at a time instead.
+bool paired_products(const GemvProblem& p) { return one_bf16_row(p) && p.weight.k < kGemvLongRow; }
 
 void pair_activations(const float* x, int64_t k, float* out) {
   const int64_t whole = k / kPairBlock * kPairBlock;
@@ -361,8 +354,8 @@ template <class L, Scaling S, int M>
 void avx2_rows(const GemvProblem& p, int64_t begin, int64_t end) {
   if constexpr (M == 1 && S == Scaling::None) {
     int64_t j = begin;
-    if (p.weight.k >= kLongRow)
-      for (; j + kLongRowGroup <= end; j += kLongRowGroup) avx2_block<L, S, 1, kLongRowGroup>(p, j);
+    if (p.weight.k >= kGemvLongRow)
+      for (; j + kGemvLongRowGroup <= end; j += kGemvLongRowGroup) avx2_block<L, S, 1, kGemvLongRowGroup>(p, j);
     for (; j < end; ++j) avx2_single_row<L>(p, j);
     return;
   }
@@ -667,12 +660,12 @@ void avx512_bf16_rows(const GemvProblem& p, int64_t j) {
   }
 }
 
-// Short rows go one at a time (one memory stream; several short streams measured slower); long rows kLongRowGroup
+// Short rows go one at a time (one memory stream; several short streams measured slower); long rows kGemvLongRowGroup
 // at a time (k = 8960, one Zen 4 thread: four rows at a time 11-20% faster than one, eight 5% faster than four).
 void avx512_bf16_columns(const GemvProblem& p, int64_t begin, int64_t end) {
   int64_t j = begin;
-  if (p.weight.k >= kLongRow)
-    for (; j + kLongRowGroup <= end; j += kLongRowGroup) avx512_bf16_rows<kLongRowGroup>(p, j);
+  if (p.weight.k >= kGemvLongRow)
+    for (; j + kGemvLongRowGroup <= end; j += kGemvLongRowGroup) avx512_bf16_rows<kGemvLongRowGroup>(p, j);
   for (; j < end; ++j) avx512_bf16_rows<1>(p, j);
 }
 
@@ -873,14 +866,14 @@ Activations prepare_activations([[maybe_unused]] const GemvProblem& p) {
 
 void run_columns(const GemvProblem& p, const Activations& activations, int64_t begin, int64_t end);
 
-// Columns of a compact weight: long rows kLongRowGroup at a time where they share a block stride (an interleaved
+// Columns of a compact weight: long rows kGemvLongRowGroup at a time where they share a block stride (an interleaved
 // group, or rows in order), the others one at a time; `dots(j, sums)` computes rows j .. j + R.
 template <class Dots>
 void compact_columns(const GemvProblem& p, int64_t begin, int64_t end, const Dots& dots) {
   const CompactBf16Weight& compact = *p.weight.compact;
-  constexpr int group = kLongRowGroup;
+  constexpr int group = kGemvLongRowGroup;
   int64_t j = begin;
-  if (compact.k >= kLongRow)
+  if (compact.k >= kGemvLongRow)
     for (; j + group <= end && compact.block_stride(j) == compact.block_stride(j + group - 1); j += group) {
       float sums[group];
       dots(j, sums);

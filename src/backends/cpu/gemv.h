@@ -19,6 +19,13 @@
 
 namespace npusim::cpu {
 
+// Rows of at least kGemvLongRow values go kGemvLongRowGroup at a time against one row of activations, in every
+// kernel: their activations (8-35 KiB) no longer stay in L1 beside the weights streaming through, so they are read
+// once per group rather than once per row (k = 8960, one Zen 4 thread, AVX2: bf16 and f16 rows one at a time 11-12
+// GB/s, eight at a time 17-18; compact_bf16.h and the AVX-512 bf16 kernel for the others).
+constexpr int64_t kGemvLongRow = 4096;
+constexpr int kGemvLongRowGroup = 8;
+
 constexpr int64_t kGemvMaxRows = 7;
 
 enum class GemvWeightType : uint8_t { F32, F16, BF16, Int8, CompactBF16 };
