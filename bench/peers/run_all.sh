@@ -2,7 +2,7 @@
 # Runs npusim and the programs users would pick instead on this machine, in one go, at 1 and 2 threads, and
 # prints one markdown table per model, ready for docs/benchmarks.md.
 #
-#   bench/peers/run_all.sh [--quick] [--rounds N] [--skip-resnet] [--skip-llm]
+#   bench/peers/run_all.sh [--quick] [--rounds N] [--skip-resnet] [--skip-llm] [--isa avx2]
 #
 #   ResNet-18/50 and MobileNetV2 (seeded torchvision weights): npusim bench, ONNX Runtime (onnxruntime-node), PyTorch
 #   1.13 eager. The ResNets run the torch_ir fixtures (tests/data/fixtures/ir/); other models the IR that
@@ -13,6 +13,9 @@
 # --quick: fewer iterations, ResNet-18 only, prompt 32 / decode 8 instead of 128 / 32, one round.
 # --rounds N: run every runner N times in turn (default 2) and keep each one's best round, so that load from
 # other work on a shared machine does not favour whichever runner happened to run in a quiet minute.
+# --isa avx2: what a machine without AVX-512 (the Zen 3 the targets name) runs, on this one: npusim with
+# NPUSIM_CPU_ISA=avx2, PyTorch with ATEN_CPU_CAPABILITY=avx2, llama.cpp built for AVX2+FMA+F16C only
+# (build-peers/llama.cpp/build-avx2). ONNX Runtime cannot be capped and picks its own kernels.
 # Environment: NPUSIM (default build/bin/npusim), BENCH_LLM (default next to NPUSIM), PEERS_DIR (default
 # build-peers), THREADS (default "1 2"). Everything downloaded, built or written goes under PEERS_DIR; missing
 # pieces are set up on the first run (llama.cpp takes about 12 minutes to build on 2 cores).
@@ -27,7 +30,7 @@ threads_list="${THREADS:-1 2}"
 torch_python=/usr/bin/python3
 export ORT_DISABLE_TELEMETRY=1
 
-quick=0 run_resnet=1 run_llm=1 rounds=""
+quick=0 run_resnet=1 run_llm=1 rounds="" isa=native
 while (($#)); do
   arg="$1"
   shift
@@ -39,6 +42,10 @@ while (($#)); do
       [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "run_all.sh: --rounds needs a positive integer" >&2; exit 2; } ;;
     --skip-resnet) run_resnet=0 ;;
     --skip-llm) run_llm=0 ;;
+    --isa)
+      isa="${1:-}"
+      shift || true
+      [[ "$isa" == avx2 ]] || { echo "run_all.sh: --isa takes avx2 (the default is this machine's own)" >&2; exit 2; } ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_all.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -50,6 +57,12 @@ else
   iters=20 warmup=3 resnet_models="resnet18 resnet50 mobilenet_v2" prompt=128 gen=32 llm_reps=2 rounds="${rounds:-2}"
 fi
 threads_csv="$(echo $threads_list | tr ' ' ',')"
+
+llama_build=build
+if [[ "$isa" == avx2 ]]; then
+  export NPUSIM_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 LLAMA_ISA=avx2
+  llama_build=build-avx2
+fi
 
 [[ -x "$npusim" ]] || { echo "run_all.sh: no npusim at $npusim (build it, or set NPUSIM)" >&2; exit 1; }
 # Raised priority where allowed: the machine may be shared with builds.
@@ -64,6 +77,7 @@ mkdir -p "$results"
   echo "load before: $(uptime | sed 's/.*load average: //')"
   echo "priority: ${run_nice[*]:-default}"
   echo "rounds: $rounds"
+  [[ "$isa" == native ]] || echo "isa: $isa (npusim, llama.cpp, PyTorch; ONNX Runtime picks its own)"
   echo "probe: $("$npusim" probe --json)"
 } > "$results/machine.txt"
 
@@ -98,7 +112,7 @@ graph_of() {
 }
 
 ensure_llm() {
-  local llama="$PEERS_DIR/llama.cpp/build/bin"
+  local llama="$PEERS_DIR/llama.cpp/$llama_build/bin"
   [[ -x "$llama/llama-bench" && -x "$llama/llama-quantize" ]] || "$peers_script_dir/setup_llama_cpp.sh"
   if [[ ! -f "$PEERS_DIR/qwen15/model.safetensors" ]]; then
     [[ -x "$bench_llm" ]] || { echo "run_all.sh: no bench_llm at $bench_llm (ninja -C build bench_llm)" >&2; exit 1; }
@@ -151,7 +165,7 @@ for ((round = 1; round <= rounds; ++round)); do
       done
     done
     for type in bf16 f16 q8_0; do
-      record "qwen15.llama.cpp.jsonl" qwen15 "$PEERS_DIR/llama.cpp/build/bin/llama-bench" \
+      record "qwen15.llama.cpp.jsonl" qwen15 "$PEERS_DIR/llama.cpp/$llama_build/bin/llama-bench" \
         -m "$PEERS_DIR/qwen15-$type.gguf" -p "$prompt" -n "$gen" -t "$threads_csv" -r "$llm_reps" -o jsonl
     done
   fi

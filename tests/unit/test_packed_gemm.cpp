@@ -249,6 +249,34 @@ TEST_P(PackedGemmTest, Bf16OperandsTogether) {
       }
 }
 
+// Products wider than one column block (n past 512, or past 128 for deep rows) pack a strided A whole once per
+// worker and read it from there for every block; bf16 B packed during the product stays bf16 for the AVX2 tile.
+// Rows that end in partial panels, depths that end in partial steps of 8 and several depth blocks, split over one
+// and two workers.
+TEST_P(PackedGemmTest, StridedAWiderThanOneColumnBlock) {
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {7, 530, 19}, {13, 600, 257}, {128, 1040, 40}, {5, 300, 3100}, {600, 520, 19}};
+  for (const auto& [m, n, k] : shapes)
+    for (Elem elem : {Elem::F32, Elem::F16, Elem::BF16})
+      for (bool transposed : {false, true})
+        for (int threads : {1, 2}) {
+          check({.m = m,
+                 .n = n,
+                 .k = k,
+                 .b = Source::Strided,
+                 .a_elem = elem,
+                 .b_elem = elem,
+                 .c_elem = Elem::F32,
+                 .b_transposed = transposed,
+                 .a_pad = 3,
+                 .b_pad = 5,
+                 .column_bias = true,
+                 .threads = threads});
+          check({.m = m, .n = n, .k = k, .a_elem = elem, .a_transposed = transposed, .a_pad = 2, .threads = threads});
+          if (testing::Test::HasFailure()) return;
+        }
+}
+
 TEST_P(PackedGemmTest, Epilogues) {
   const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {5, 7, 2}, {31, 17, 100}, {100, 257, 64}};
   for (const auto& [m, n, k] : shapes)

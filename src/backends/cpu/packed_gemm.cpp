@@ -37,6 +37,10 @@ constexpr int64_t kMinMacsPerThread = int64_t{1} << 19;  // below this, waking a
 // B packed once for all workers (in worker 0's scratch) when the whole of it fits this, so that workers splitting the
 // rows do not each pack all of it.
 constexpr int64_t kSharedPackedBBytes = 3 << 19;
+// A strided A is packed once per depth block of every column block; when the product spans several column blocks
+// and A packed whole takes at most this, each worker packs its rows of A whole once instead (a prefill's linear
+// layers: 128 rows against 8960-value weight rows pack A 12 times otherwise).
+constexpr int64_t kWholeABytes = int64_t{8} << 20;
 // What the extra pass over the pool (packing, then the product) costs, in multiply-adds of one worker.
 constexpr double kPassCost = 2e5;
 // Whether Best picks the AVX-512 kernels where the CPU has them (on Zen 4, which splits each 512-bit FMA in two,
@@ -102,10 +106,16 @@ void micro_portable(int64_t kc, const float* a, const std::byte* b, float* c, in
 }
 
 #ifdef NPUSIM_GEMM_X86
-template <Elem BE>
+// With Interleaved, a bf16 panel step holds columns 0 8 1 9 ... 7 15 (see pack_b_interleaved): 32-bit lane i has
+// column i in its low half and column i + 8 in its high half.
+template <Elem BE, bool Interleaved = false>
 __attribute__((target("avx2,fma,f16c"), always_inline)) inline void load_b_avx2(const std::byte* b, __m256& lo,
                                                                                 __m256& hi) {
-  if constexpr (BE == Elem::F32) {
+  if constexpr (Interleaved) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b));
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+    hi = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  } else if constexpr (BE == Elem::F32) {
     lo = _mm256_loadu_ps(reinterpret_cast<const float*>(b));
     hi = _mm256_loadu_ps(reinterpret_cast<const float*>(b) + 8);
   } else if constexpr (BE == Elem::BF16) {
@@ -119,8 +129,9 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void load_b_avx2(
 }
 
 // Vectors is 2 for the full 6x16 tile, 1 for a 6x8 tile (a last B panel at most half full); Rows (2, 4 or 6) of
-// the A panel's six count (a last A panel with fewer live rows skips the multiply-adds of the padding).
-template <Elem BE, int Vectors, int Rows = MR>
+// the A panel's six count (a last A panel with fewer live rows skips the multiply-adds of the padding); Interleaved
+// for bf16 panels in pack_b_interleaved's order.
+template <Elem BE, int Vectors, int Rows = MR, bool Interleaved = false>
 __attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float* a, const std::byte* b, float* c,
                                                          int64_t ldc, bool accumulate) {
   constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
@@ -131,7 +142,7 @@ __attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float
     _mm_prefetch(reinterpret_cast<const char*>(a) + 256, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(a) + 4096, _MM_HINT_T1);
     __m256 b0, b1;
-    load_b_avx2<BE>(b, b0, b1);
+    load_b_avx2<BE, Interleaved>(b, b0, b1);
     __m256 ar = _mm256_broadcast_ss(a + 0);
     c00 = _mm256_fmadd_ps(ar, b0, c00);
     if constexpr (Vectors == 2) c01 = _mm256_fmadd_ps(ar, b1, c01);
@@ -244,18 +255,20 @@ bool fp32_prefers_avx2() {
 }
 
 #ifdef NPUSIM_GEMM_X86
-template <Elem BE>
+template <Elem BE, bool Interleaved = false>
 MicroKernel micro_avx2_for(bool narrow, int64_t rows) {
-  if (rows <= 2) return narrow ? micro_avx2<BE, 1, 2> : micro_avx2<BE, 2, 2>;
-  if (rows <= 4) return narrow ? micro_avx2<BE, 1, 4> : micro_avx2<BE, 2, 4>;
-  return narrow ? micro_avx2<BE, 1> : micro_avx2<BE, 2>;
+  if (rows <= 2) return narrow ? micro_avx2<BE, 1, 2, Interleaved> : micro_avx2<BE, 2, 2, Interleaved>;
+  if (rows <= 4) return narrow ? micro_avx2<BE, 1, 4, Interleaved> : micro_avx2<BE, 2, 4, Interleaved>;
+  return narrow ? micro_avx2<BE, 1, MR, Interleaved> : micro_avx2<BE, 2, MR, Interleaved>;
 }
 #endif
 
 // The micro-kernel for B panels of `b_elem`; `narrow` when only the first half of the panel's columns count, `rows`
-// the live rows of the A panel (the vector tiles skip whole pairs of padding rows).
-MicroKernel micro_kernel(Elem b_elem, bool avx2, bool narrow, int64_t rows = MR) {
+// the live rows of the A panel (the vector tiles skip whole pairs of padding rows); `interleaved` for bf16 panels
+// packed by pack_b_interleaved (AVX2 tiles only).
+MicroKernel micro_kernel(Elem b_elem, bool avx2, bool narrow, int64_t rows = MR, bool interleaved = false) {
 #ifdef NPUSIM_GEMM_X86
+  if (avx2 && interleaved) return micro_avx2_for<Elem::BF16, true>(narrow, rows);
   if (avx2) {
     switch (b_elem) {
       case Elem::BF16:
@@ -270,6 +283,7 @@ MicroKernel micro_kernel(Elem b_elem, bool avx2, bool narrow, int64_t rows = MR)
   (void)avx2;
   (void)narrow;
   (void)rows;
+  require(!interleaved, "interleaved bf16 panels need the AVX2 tile");
   switch (b_elem) {
     case Elem::BF16:
       return micro_portable<Elem::BF16>;
@@ -500,6 +514,57 @@ void pack_b_strided(const StridedOperand& b, int64_t k, int64_t col0, int64_t co
                               cols, NR, k, dst, avx2);
   // Element (p, j) at data[p * ld + j]: the columns' values of one depth step are contiguous.
   pack_steps(b.data + static_cast<size_t>(col0) * es, static_cast<size_t>(b.ld) * es, b.elem, cols, NR, k, dst);
+}
+
+// A bf16 B packed during the product for the AVX2 tile stays bf16, each panel step ordered columns 0 8 1 9 ... 7 15:
+// the tile widens a step with one shift and one mask (no shuffle), and the panels take half the bytes of fp32 ones
+// to write and to keep in cache. Where column c of a panel step lands, in values from the step's start:
+constexpr int64_t interleaved_slot(int64_t c) { return c % (NR / 2) * 2 + c / (NR / 2); }
+
+#ifdef NPUSIM_GEMM_X86
+// Whole panels of a transposed bf16 B (columns are lines along the depth), 8 steps at a time: per pair of columns
+// (i, i + 8) one unpack gives their 32-bit words of 8 steps, and an 8x8 transpose of the words gives the steps.
+// Returns the steps packed: the caller packs the rest.
+NPUSIM_PACK_AVX2 int64_t pack_interleaved_avx2(const uint16_t* first, int64_t ld, int64_t panels, int64_t k,
+                                                uint16_t* dst) {
+  const int64_t whole = k / 8 * 8;
+  for (int64_t panel = 0; panel < panels; ++panel) {
+    const uint16_t* lines = first + panel * NR * ld;
+    uint16_t* out = dst + panel * k * NR;
+    for (int64_t p = 0; p < whole; p += 8) {
+      __m256 r[8];
+      for (int i = 0; i < NR / 2; ++i) {
+        const __m128i low = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lines + i * ld + p));
+        const __m128i high = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lines + (i + NR / 2) * ld + p));
+        r[i] = _mm256_castsi256_ps(_mm256_set_m128i(_mm_unpackhi_epi16(low, high), _mm_unpacklo_epi16(low, high)));
+      }
+      transpose8(r);
+      for (int q = 0; q < 8; ++q) _mm256_storeu_ps(reinterpret_cast<float*>(out + (p + q) * NR), r[q]);
+    }
+  }
+  return whole;
+}
+#endif
+
+// Columns [col0, col0 + cols) of a strided bf16 B over its whole depth k into interleaved panels of NR columns (k * NR
+// values each, zero past the last column).
+void pack_b_interleaved(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, uint16_t* dst,
+                        [[maybe_unused]] bool avx2) {
+  const auto* values = reinterpret_cast<const uint16_t*>(b.data);
+  const int64_t whole_panels = cols / NR;
+  int64_t done = 0;  // steps of the whole panels packed already
+#ifdef NPUSIM_GEMM_X86
+  if (avx2 && b.transposed) done = pack_interleaved_avx2(values + col0 * b.ld, b.ld, whole_panels, k, dst);
+#endif
+  for (int64_t panel = 0; panel * NR < cols; ++panel) {
+    uint16_t* out = dst + panel * k * NR;
+    for (int64_t p = panel < whole_panels ? done : 0; p < k; ++p)
+      for (int64_t c = 0; c < NR; ++c) {
+        const int64_t j = col0 + panel * NR + c;
+        const bool live = panel * NR + c < cols;
+        out[p * NR + interleaved_slot(c)] = !live ? 0 : b.transposed ? values[j * b.ld + p] : values[p * b.ld + j];
+      }
+  }
 }
 
 #ifdef NPUSIM_GEMM_X86
@@ -853,7 +918,14 @@ struct WorkerBuffers {
   float* sums;     // [mc, nc]
   float* a_block;  // [mc, kc]
   float* b_block;  // [k, nc]
+  float* whole_a;  // [m, k] when A may be packed whole (PackedGemm::whole_a_floats_), else null
 };
+
+// A worker's buffers, in this order in its scratch; `b_floats` 0 when B comes prepacked.
+WorkerBuffers worker_buffers(float* base, int64_t mc, int64_t nc, int64_t kc, int64_t b_floats, int64_t whole_a_floats) {
+  float* b_block = base + mc * nc + mc * kc;
+  return {base, base + mc * nc, b_block, whole_a_floats > 0 ? b_block + b_floats : nullptr};
+}
 
 }  // namespace
 
@@ -1074,6 +1146,10 @@ PackedGemm::PackedGemm(const GemmSpec& spec, ScratchSpace& scratch) : spec_(spec
   }
   int64_t floats = mc_ * nc_ + mc_ * kc_;
   if (!spec.b_prepacked) floats += spec.k * nc_;
+  const int64_t whole_a = round_up(std::max<int64_t>(spec.m, 1), MR) * spec.k;
+  if (!spec.a_prepacked && spec.n > nc_ && whole_a * static_cast<int64_t>(sizeof(float)) <= kWholeABytes)
+    whole_a_floats_ = whole_a;
+  floats += whole_a_floats_;
   const int64_t whole_b = spec.k * round_up(std::max<int64_t>(spec.n, 1), NR);
   if (spec.a_prepacked && !spec.b_prepacked && whole_b * static_cast<int64_t>(sizeof(float)) <= kSharedPackedBBytes)
     shared_b_floats_ = whole_b;
@@ -1287,18 +1363,21 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   const PackedMatrix* packed_a = spec.a_prepacked ? std::get<const PackedMatrix*>(ops.a) : nullptr;
   const PackedMatrix* packed_b = spec.b_prepacked ? std::get<const PackedMatrix*>(ops.b) : nullptr;
   const bool direct_a = packed_a && packed_a->elem() == Elem::F32;
-  const Elem b_elem = packed_b ? packed_b->elem() : Elem::F32;
+  const StridedOperand* strided_b = packed_b || shared_b ? nullptr : std::get_if<StridedOperand>(&ops.b);
+  // A bf16 B the region packs itself stays bf16 for the AVX2 tile (see pack_b_interleaved).
+  const bool interleaved_b = kernel == GemmKernelChoice::Avx2 && strided_b && strided_b->elem == Elem::BF16;
+  const Elem b_elem = packed_b ? packed_b->elem() : interleaved_b ? Elem::BF16 : Elem::F32;
   // By live rows of the A panel (1 to MR) and whether the B panel is narrow.
   MicroKernel kernels[MR + 1][2];
   for (int64_t live = 1; live <= MR; ++live)
-    for (bool narrow : {false, true}) kernels[live][narrow] = micro_kernel(b_elem, avx2, narrow, live);
+    for (bool narrow : {false, true}) kernels[live][narrow] = micro_kernel(b_elem, avx2, narrow, live, interleaved_b);
   // The 6x32 / 6x16 AVX-512 tiles, unless fp32 panels run faster on the AVX2 tile here.
   const bool wide = avx512 && !(b_elem == Elem::F32 && fp32_prefers_avx2());
 #ifdef NPUSIM_GEMM_X86
   const gemm_detail::PairKernel single512 = wide ? gemm_detail::avx512_kernel(b_elem, false) : nullptr;
   const gemm_detail::PairKernel pair512 = wide ? gemm_detail::avx512_kernel(b_elem, true) : nullptr;
 #endif
-  const size_t b_es = packed_b ? elem_size(packed_b->elem()) : sizeof(float);
+  const size_t b_es = packed_b ? elem_size(packed_b->elem()) : interleaved_b ? sizeof(uint16_t) : sizeof(float);
 #ifdef NPUSIM_GEMM_X86
   const bool pairs = avx512 && !packed_a && !packed_b && cpu_has_avx512_bf16() && bf16_pair_operands(ops);
   const gemm_detail::Bf16PairKernel single_pairs = pairs ? gemm_detail::avx512_bf16_pair_kernel(false) : nullptr;
@@ -1311,6 +1390,17 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   if (pairs && kernel == GemmKernelChoice::Amx && amx_fits(k, kc, mc))
     return run_region_amx(region, ops, k, kc, mc, nc, buffers);
 #endif
+  // The region's rows of A packed once for every column block (panel p at p * k * MR, or p * k_pairs * MR words).
+  const bool whole_a = buffers.whole_a && !packed_a && region.col1 - region.col0 > nc;
+  if (whole_a) {
+    const auto& strided_a = std::get<StridedOperand>(ops.a);
+#ifdef NPUSIM_GEMM_X86
+    if (pairs)
+      pack_a_pairs(strided_a, region.row0, region.row1 - region.row0, 0, k, reinterpret_cast<uint32_t*>(buffers.whole_a));
+    else
+#endif
+      pack_a_strided(strided_a, region.row0, region.row1 - region.row0, 0, k, buffers.whole_a, avx2);
+  }
   for (int64_t jc = region.col0; jc < region.col1; jc += nc) {
     const int64_t cols = std::min(nc, region.col1 - jc);
 #ifdef NPUSIM_GEMM_X86
@@ -1322,14 +1412,19 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           for (int64_t i = 0; i < rows; ++i) std::fill(buffers.sums + i * nc, buffers.sums + i * nc + cols, 0.0f);
         for (int64_t pc = 0; pc < k; pc += kc) {  // kc is even when k takes several blocks
           const int64_t depth = std::min(kc, k - pc), depth_pairs = (depth + 1) / 2;
-          pack_a_pairs(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, a_words);
+          if (!whole_a) pack_a_pairs(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, a_words);
+          auto a_panel = [&](int64_t ir) {
+            return whole_a ? reinterpret_cast<const uint32_t*>(buffers.whole_a) +
+                                 (ic - region.row0 + ir) / MR * k_pairs * MR + pc / 2 * MR
+                           : a_words + ir / MR * depth_pairs * MR;
+          };
           for (int64_t jr = 0; jr < cols;) {
             const bool two = cols - jr > NR;
             const uint32_t* b0 = b_words + jr / NR * k_pairs * NR + pc / 2 * NR;
             const uint32_t* b1 = two ? b0 + k_pairs * NR : b0;
             for (int64_t ir = 0; ir < rows; ir += MR)
-              (two ? double_pairs : single_pairs)(depth_pairs, a_words + ir / MR * depth_pairs * MR, b0, b1,
-                                                  buffers.sums + ir * nc + jr, nc, pc > 0);
+              (two ? double_pairs : single_pairs)(depth_pairs, a_panel(ir), b0, b1, buffers.sums + ir * nc + jr, nc,
+                                                  pc > 0);
             jr += two ? 2 * NR : NR;
           }
         }
@@ -1339,8 +1434,10 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
     }
 #endif
     if (!packed_b && !shared_b) {
-      if (const auto* s = std::get_if<StridedOperand>(&ops.b))
-        pack_b_strided(*s, k, jc, cols, buffers.b_block, avx2);
+      if (interleaved_b)
+        pack_b_interleaved(*strided_b, k, jc, cols, reinterpret_cast<uint16_t*>(buffers.b_block), avx2);
+      else if (strided_b)
+        pack_b_strided(*strided_b, k, jc, cols, buffers.b_block, avx2);
       else
         pack_b_im2col(std::get<Im2colOperand>(ops.b), k, jc, cols, buffers.b_block, avx2);
     }
@@ -1350,7 +1447,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
         for (int64_t i = 0; i < rows; ++i) std::fill(buffers.sums + i * nc, buffers.sums + i * nc + cols, 0.0f);
       for (int64_t pc = 0; pc < k; pc += kc) {
         const int64_t depth = std::min(kc, k - pc);
-        if (!direct_a) {
+        if (!direct_a && !whole_a) {
           if (packed_a)
             pack_a_converted(*packed_a, ic, rows, pc, depth, buffers.a_block);
           else
@@ -1359,11 +1456,12 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
         auto b_panel = [&](int64_t jr) {
           if (packed_b) return packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es;
           if (shared_b) return reinterpret_cast<const std::byte*>(shared_b + ((jc + jr) / NR * k + pc) * NR);
-          return reinterpret_cast<const std::byte*>(buffers.b_block + jr / NR * k * NR + pc * NR);
+          return reinterpret_cast<const std::byte*>(buffers.b_block) + static_cast<size_t>(jr / NR * k * NR + pc * NR) * b_es;
         };
-        auto a_panel = [&](int64_t ir) {
-          return direct_a ? reinterpret_cast<const float*>(packed_a->panel((ic + ir) / MR)) + pc * MR
-                          : buffers.a_block + ir / MR * depth * MR;
+        auto a_panel = [&](int64_t ir) -> const float* {
+          if (direct_a) return reinterpret_cast<const float*>(packed_a->panel((ic + ir) / MR)) + pc * MR;
+          if (whole_a) return buffers.whole_a + (ic - region.row0 + ir) / MR * k * MR + pc * MR;
+          return buffers.a_block + ir / MR * depth * MR;
         };
         for (int64_t jr = 0; jr < cols;) {
           const std::byte* b0 = b_panel(jr);
@@ -1424,8 +1522,8 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
     Region region{split(row_panels, grid.rows, r) * MR, std::min(s.m, split(row_panels, grid.rows, r + 1) * MR),
                   split(col_panels, grid.cols, q) * NR, std::min(s.n, split(col_panels, grid.cols, q + 1) * NR)};
     if (region.row0 >= region.row1 || region.col0 >= region.col1) return;
-    float* base = scratch.worker_as<float>(worker);
-    const WorkerBuffers buffers{base, base + mc_ * nc_, base + mc_ * nc_ + mc_ * kc_};
+    const WorkerBuffers buffers = worker_buffers(scratch.worker_as<float>(worker), mc_, nc_, kc_,
+                                                 s.b_prepacked ? 0 : s.k * nc_, whole_a_floats_);
     run_region(region, ops, s, kc_, mc_, nc_, buffers, kernel, shared_b);
   };
   if (grid.shared_b) {
@@ -1460,7 +1558,7 @@ bool PackedGemm::packs_b_once(int threads) const {
 }
 
 float* PackedGemm::shared_b_of(const ScratchSpace& scratch) const {
-  const int64_t own = mc_ * nc_ + mc_ * kc_ + (spec_.b_prepacked ? 0 : spec_.k * nc_);
+  const int64_t own = mc_ * nc_ + mc_ * kc_ + (spec_.b_prepacked ? 0 : spec_.k * nc_) + whole_a_floats_;
   return scratch.worker_as<float>(0) + own;
 }
 
@@ -1469,8 +1567,8 @@ void PackedGemm::run_on_worker(const GemmOperand& a, const GemmOperand& b, const
   const GemmSpec& s = spec_;
   if (s.m == 0 || s.n == 0) return;
   check(a, b, c, epilogue);
-  float* base = scratch.worker_as<float>(worker);
-  const WorkerBuffers buffers{base, base + mc_ * nc_, base + mc_ * nc_ + mc_ * kc_};
+  const WorkerBuffers buffers =
+      worker_buffers(scratch.worker_as<float>(worker), mc_, nc_, kc_, s.b_prepacked ? 0 : s.k * nc_, whole_a_floats_);
   run_region({0, s.m, 0, s.n}, Operands{a, b, c, epilogue}, s, kc_, mc_, nc_, buffers, active_kernel());
 }
 

@@ -207,6 +207,7 @@ class PackedGemm {
   GemmSpec spec_;
   int64_t kc_ = 0, mc_ = 0, nc_ = 0;  // cache blocking: depth, rows and columns per block
   int64_t shared_b_floats_ = 0;       // B packed whole, when it may be shared (0: never)
+  int64_t whole_a_floats_ = 0;        // per worker: a strided A packed whole, once per run (0: per block)
 };
 
 // Sums [rows, cols] (row stride ld_sums, changed in place) through `epilogue` into C at (row0, col0), the way a
