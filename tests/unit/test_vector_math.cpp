@@ -173,6 +173,41 @@ TEST(VectorMath, SiluTimesUp) {
   }
 }
 
+// Softmax's exponentials: e^(x - shift) in place for every element (masked -inf scores give 0, NaN stays NaN), the
+// elements past n untouched, and their sum in double.
+TEST(VectorMath, ExponentialsShiftedInPlace) {
+  if (!(cpu_features().avx2 && cpu_features().fma)) GTEST_SKIP() << "no AVX2 and FMA: the scalar loop runs";
+  for (int64_t n : {0, 1, 7, 8, 9, 31, 4099})
+    for (float shift : {0.0f, 3.5f, -2.0f}) {
+      std::vector<float> x = inputs(n, 21, 30.0f);
+      for (float& v : x)
+        if (v > 80.0f || v == kInf) v = -kInf;  // softmax shifts by the largest: nothing overflows
+      const std::vector<float> original = x;
+      x.push_back(kSentinel);
+      double sum = -1.0;
+      ASSERT_TRUE(vector_exp_shifted(x.data(), n, shift, sum));
+      ASSERT_EQ(x.back(), kSentinel);
+      long double want_sum = 0;
+      bool any_nan = false;
+      for (int64_t i = 0; i < n; ++i) {
+        const float shifted = original[static_cast<size_t>(i)] - shift;  // in fp32, as softmax shifts
+        const double want = std::exp(static_cast<double>(shifted));
+        const float got = x[static_cast<size_t>(i)];
+        if (std::isnan(want)) {
+          ASSERT_TRUE(std::isnan(got)) << i;
+          any_nan = true;
+          continue;
+        }
+        ASSERT_NEAR(got, want, 5e-7 * want + 1e-37) << "n " << n << " at " << i;
+        want_sum += got;
+      }
+      if (any_nan)
+        EXPECT_TRUE(std::isnan(sum)) << "n " << n;
+      else
+        EXPECT_NEAR(sum, static_cast<double>(want_sum), 1e-12 * static_cast<double>(want_sum)) << "n " << n;
+    }
+}
+
 TEST(VectorMath, SumInDouble) {
   for (int64_t n : {0, 1, 3, 4, 15, 16, 17, 100, 12544}) {
     const std::vector<float> x = inputs(n, 9, 5.0f);

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "backends/cpu/gemv.h"
+#include "backends/cpu/vector_math.h"
 
 namespace npusim::cpu {
 
@@ -30,9 +31,10 @@ void softmax_rows(float* scores, int64_t rows, int64_t count) {
   for (int64_t r = 0; r < rows; ++r) {
     float* s = scores + r * count;
     const float largest = *std::max_element(s, s + count);
-    float sum = 0.0f;
-    for (int64_t j = 0; j < count; ++j) sum += (s[j] = std::exp(s[j] - largest));
-    const float inverse = 1.0f / sum;
+    double sum = 0.0;
+    if (!vector_exp_shifted(s, count, largest, sum))
+      for (int64_t j = 0; j < count; ++j) sum += (s[j] = std::exp(s[j] - largest));
+    const auto inverse = static_cast<float>(1.0 / sum);
     for (int64_t j = 0; j < count; ++j) s[j] *= inverse;
   }
 }

@@ -81,6 +81,10 @@ void softmax_line(float* x, int64_t n, bool log, bool zero_masked = false) {
     return;
   }
   double sum = 0.0;
+  if (!log && vector_exp_shifted(x, n, peak, sum)) {
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(x[i] / sum);
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - peak);
   if (log) {
     const double shift = peak + std::log(sum);

@@ -188,6 +188,34 @@ NPUSIM_AVX2_FMA void silu_mul_avx2(const float* gate, const float* up, float* ou
   }
 }
 
+// The four lanes of each half of v added to a and b in double.
+NPUSIM_AVX2_FMA inline void add_in_double(__m256 v, __m256d& a, __m256d& b) {
+  a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+  b = _mm256_add_pd(b, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+NPUSIM_AVX2_FMA double exp_shifted_avx2(float* x, int64_t n, float shift) {
+  const __m256 s = _mm256_set1_ps(shift);
+  __m256d a = _mm256_setzero_pd(), b = a;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+    _mm256_storeu_ps(x + i, e);
+    add_in_double(e, a, b);
+  }
+  if (i < n) {  // the tail's missing lanes hold -inf: e^-inf adds 0
+    alignas(32) float tail[8];
+    for (int64_t j = 0; j < 8; ++j) tail[j] = i + j < n ? x[i + j] : -__builtin_inff();
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_load_ps(tail), s));
+    _mm256_store_ps(tail, e);
+    for (int64_t j = i; j < n; ++j) x[j] = tail[j - i];
+    add_in_double(e, a, b);
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(a, b));
+  return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+}
+
 __attribute__((target("avx2"))) double sum_avx2(const float* x, int64_t n) {
   __m256d a = _mm256_setzero_pd(), b = a, c = a, d = a;
   int64_t i = 0;
@@ -233,6 +261,12 @@ bool vector_unary(const UnaryStep& step, const float* in, float* out, int64_t n)
   return has_avx2_fma() && unary_avx2(step, in, out, n);
 }
 
+bool vector_exp_shifted(float* x, int64_t n, float shift, double& sum) {
+  if (!has_avx2_fma()) return false;
+  sum = exp_shifted_avx2(x, n, shift);
+  return true;
+}
+
 bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n) {
   if (!has_avx2_fma()) return false;
   silu_mul_avx2(gate, up, out, n);
@@ -249,6 +283,7 @@ double sum_squared_deviations(const float* x, int64_t n, double center) {
 
 bool vector_unary(const UnaryStep&, const float*, float*, int64_t) { return false; }
 bool vector_silu_mul(const float*, const float*, float*, int64_t) { return false; }
+bool vector_exp_shifted(float*, int64_t, float, double&) { return false; }
 
 double sum_in_double(const float* x, int64_t n) { return sum_portable(x, n); }
 double sum_squared_deviations(const float* x, int64_t n, double center) { return squares_portable(x, n, center); }

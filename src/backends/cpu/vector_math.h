@@ -18,6 +18,10 @@ bool vector_unary(const UnaryStep& step, const float* in, float* out, int64_t n)
 // out[i] = silu(gate[i]) * up[i]: the gated MLP's activation.
 bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n);
 
+// x[i] = e^(x[i] - shift) for i < n (exp as above), their sum in double into `sum`: softmax's exponentials. False,
+// with nothing written, when the CPU lacks AVX2 and FMA.
+bool vector_exp_shifted(float* x, int64_t n, float shift, double& sum);
+
 // The sum of x[0, n) in double, in several independent partial sums (with AVX2, of four lanes each): a long sum is
 // not one chain of dependent additions. Every CPU.
 double sum_in_double(const float* x, int64_t n);
