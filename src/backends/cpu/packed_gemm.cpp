@@ -526,7 +526,7 @@ constexpr int64_t interleaved_slot(int64_t c) { return c % (NR / 2) * 2 + c / (N
 // (i, i + 8) one unpack gives their 32-bit words of 8 steps, and an 8x8 transpose of the words gives the steps.
 // Returns the steps packed: the caller packs the rest.
 NPUSIM_PACK_AVX2 int64_t pack_interleaved_avx2(const uint16_t* first, int64_t ld, int64_t panels, int64_t k,
-                                                uint16_t* dst) {
+                                               uint16_t* dst) {
   const int64_t whole = k / 8 * 8;
   for (int64_t panel = 0; panel < panels; ++panel) {
     const uint16_t* lines = first + panel * NR * ld;
@@ -922,7 +922,8 @@ struct WorkerBuffers {
 };
 
 // A worker's buffers, in this order in its scratch; `b_floats` 0 when B comes prepacked.
-WorkerBuffers worker_buffers(float* base, int64_t mc, int64_t nc, int64_t kc, int64_t b_floats, int64_t whole_a_floats) {
+WorkerBuffers worker_buffers(float* base, int64_t mc, int64_t nc, int64_t kc, int64_t b_floats,
+                             int64_t whole_a_floats) {
   float* b_block = base + mc * nc + mc * kc;
   return {base, base + mc * nc, b_block, whole_a_floats > 0 ? b_block + b_floats : nullptr};
 }
@@ -1396,7 +1397,8 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
     const auto& strided_a = std::get<StridedOperand>(ops.a);
 #ifdef NPUSIM_GEMM_X86
     if (pairs)
-      pack_a_pairs(strided_a, region.row0, region.row1 - region.row0, 0, k, reinterpret_cast<uint32_t*>(buffers.whole_a));
+      pack_a_pairs(strided_a, region.row0, region.row1 - region.row0, 0, k,
+                   reinterpret_cast<uint32_t*>(buffers.whole_a));
     else
 #endif
       pack_a_strided(strided_a, region.row0, region.row1 - region.row0, 0, k, buffers.whole_a, avx2);
@@ -1456,7 +1458,8 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
         auto b_panel = [&](int64_t jr) {
           if (packed_b) return packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es;
           if (shared_b) return reinterpret_cast<const std::byte*>(shared_b + ((jc + jr) / NR * k + pc) * NR);
-          return reinterpret_cast<const std::byte*>(buffers.b_block) + static_cast<size_t>(jr / NR * k * NR + pc * NR) * b_es;
+          return reinterpret_cast<const std::byte*>(buffers.b_block) +
+                 static_cast<size_t>(jr / NR * k * NR + pc * NR) * b_es;
         };
         auto a_panel = [&](int64_t ir) -> const float* {
           if (direct_a) return reinterpret_cast<const float*>(packed_a->panel((ic + ir) / MR)) + pc * MR;
@@ -1522,8 +1525,8 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
     Region region{split(row_panels, grid.rows, r) * MR, std::min(s.m, split(row_panels, grid.rows, r + 1) * MR),
                   split(col_panels, grid.cols, q) * NR, std::min(s.n, split(col_panels, grid.cols, q + 1) * NR)};
     if (region.row0 >= region.row1 || region.col0 >= region.col1) return;
-    const WorkerBuffers buffers = worker_buffers(scratch.worker_as<float>(worker), mc_, nc_, kc_,
-                                                 s.b_prepacked ? 0 : s.k * nc_, whole_a_floats_);
+    const WorkerBuffers buffers =
+        worker_buffers(scratch.worker_as<float>(worker), mc_, nc_, kc_, s.b_prepacked ? 0 : s.k * nc_, whole_a_floats_);
     run_region(region, ops, s, kc_, mc_, nc_, buffers, kernel, shared_b);
   };
   if (grid.shared_b) {
