@@ -197,34 +197,42 @@ TEST_P(PackedGemmTest, AllSizesPackedAStridedB) {
       }
 }
 
+// fn(elem, transposed, threads) for every storage type, layout and worker count, until a check fails.
+template <class Fn>
+void for_each_storage(const Fn& fn) {
+  for (Elem elem : {Elem::F32, Elem::F16, Elem::BF16})
+    for (bool transposed : {false, true})
+      for (int threads : {1, 2}) {
+        fn(elem, transposed, threads);
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
 TEST_P(PackedGemmTest, EveryLayoutAndStorageType) {
   const std::vector<std::array<int64_t, 3>> shapes = {{7, 17, 31}, {17, 100, 5}, {100, 31, 257}, {64, 64, 64}};
   for (const auto& [m, n, k] : shapes)
     for (Source a : {Source::Packed, Source::Strided})
       for (Source b : {Source::Packed, Source::Strided})
-        for (Elem elem : {Elem::F32, Elem::F16, Elem::BF16})
-          for (bool transposed : {false, true})
-            for (int threads : {1, 2}) {
-              check({.m = m,
-                     .n = n,
-                     .k = k,
-                     .a = a,
-                     .b = b,
-                     .a_elem = elem,
-                     .a_transposed = transposed,
-                     .a_pad = 3,
-                     .threads = threads});
-              check({.m = m,
-                     .n = n,
-                     .k = k,
-                     .a = a,
-                     .b = b,
-                     .b_elem = elem,
-                     .b_transposed = transposed,
-                     .b_pad = 5,
-                     .threads = threads});
-              if (testing::Test::HasFailure()) return;
-            }
+        for_each_storage([&](Elem elem, bool transposed, int threads) {
+          check({.m = m,
+                 .n = n,
+                 .k = k,
+                 .a = a,
+                 .b = b,
+                 .a_elem = elem,
+                 .a_transposed = transposed,
+                 .a_pad = 3,
+                 .threads = threads});
+          check({.m = m,
+                 .n = n,
+                 .k = k,
+                 .a = a,
+                 .b = b,
+                 .b_elem = elem,
+                 .b_transposed = transposed,
+                 .b_pad = 5,
+                 .threads = threads});
+        });
 }
 
 // Both operands bf16, A row-major and B a transposed weight (a bf16 model's linear layers): on CPUs with AVX-512
@@ -257,24 +265,21 @@ TEST_P(PackedGemmTest, StridedAWiderThanOneColumnBlock) {
   const std::vector<std::array<int64_t, 3>> shapes = {
       {7, 530, 19}, {13, 600, 257}, {128, 1040, 40}, {5, 300, 3100}, {600, 520, 19}};
   for (const auto& [m, n, k] : shapes)
-    for (Elem elem : {Elem::F32, Elem::F16, Elem::BF16})
-      for (bool transposed : {false, true})
-        for (int threads : {1, 2}) {
-          check({.m = m,
-                 .n = n,
-                 .k = k,
-                 .b = Source::Strided,
-                 .a_elem = elem,
-                 .b_elem = elem,
-                 .c_elem = Elem::F32,
-                 .b_transposed = transposed,
-                 .a_pad = 3,
-                 .b_pad = 5,
-                 .column_bias = true,
-                 .threads = threads});
-          check({.m = m, .n = n, .k = k, .a_elem = elem, .a_transposed = transposed, .a_pad = 2, .threads = threads});
-          if (testing::Test::HasFailure()) return;
-        }
+    for_each_storage([&](Elem elem, bool transposed, int threads) {
+      check({.m = m,
+             .n = n,
+             .k = k,
+             .b = Source::Strided,
+             .a_elem = elem,
+             .b_elem = elem,
+             .c_elem = Elem::F32,
+             .b_transposed = transposed,
+             .a_pad = 3,
+             .b_pad = 5,
+             .column_bias = true,
+             .threads = threads});
+      check({.m = m, .n = n, .k = k, .a_elem = elem, .a_transposed = transposed, .a_pad = 2, .threads = threads});
+    });
 }
 
 TEST_P(PackedGemmTest, Epilogues) {
