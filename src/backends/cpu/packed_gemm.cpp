@@ -2,7 +2,8 @@
 // kc deep), then B panels (jr) and A panels (ir) of one 6x16 micro-tile each. Sums of a row block accumulate in a
 // per-worker fp32 buffer [mc, nc] (L2-resident) and go through the epilogue into C once the whole depth is done,
 // so C may be fp16/bf16 and the residual may be C itself. A B operand that is not prepacked is packed for the full
-// depth of one column block at a time (nc shrinks as k grows), an A operand one [mc, kc] block at a time.
+// depth of one column block at a time (nc shrinks as k grows), an A operand one [mc, kc] block at a time, or whole
+// once per worker when the product spans several column blocks and A is small (kWholeABytes).
 #include "backends/cpu/packed_gemm.h"
 
 #include "backends/cpu/elementwise.h"
