@@ -88,13 +88,11 @@ void compact_dots_avx2(const CompactBf16Weight& weight, int64_t j, const float* 
 template <int R>
 void compact_dots_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x,
                          float (&out)[R]);
-// Long rows (kGemvLongRow values and more, gemv.h) go kGemvLongRowGroup at a time: k = 8960 on one Zen 4 thread,
+// The interleave the GEMV reads fastest on this CPU for rows of k values: kGemvLongRowGroup where the AVX-512
+// kernel reads long rows (kGemvLongRow values and more, gemv.h), else 1. Measured for k = 8960 on one Zen 4 thread,
 // AVX-512 (bf16 activations): one row at a time 18-19 GB/s, four rows 20, eight rows 24-25, eight rows interleaved
 // (one stream) 26-27; k = 1536, one row at a time: 28. AVX2 (fp32 activations, 35 KiB): one row at a time 10-11,
-// eight rows 17-19, eight interleaved 15.
-
-// The interleave the GEMV reads fastest on this CPU for rows of k values: kGemvLongRowGroup where the AVX-512
-// kernel reads long rows, else 1.
+// eight rows in their own streams 17-19, eight interleaved 15.
 int64_t compact_interleave(int64_t k);
 
 }  // namespace npusim::cpu
