@@ -282,6 +282,29 @@ TEST_P(PackedGemmTest, StridedAWiderThanOneColumnBlock) {
     });
 }
 
+// Row blocks whose last panel would hold one or two rows share their last MR + 1 or MR + 2 rows between two panels
+// on the AVX2 tiles: one row block (7, 8, 13, 14 rows), the last of several (96 + 32), a last block of fewer rows
+// than a panel (96 + 2), rows split over two workers, and a single last column (the one-column tile).
+TEST_P(PackedGemmTest, LastRowsSharedBetweenTwoPanels) {
+  const std::vector<std::array<int64_t, 3>> shapes = {{7, 40, 33},   {8, 17, 9},     {13, 33, 64},
+                                                      {14, 600, 19}, {128, 49, 300}, {98, 21, 40}};
+  for (const auto& [m, n, k] : shapes)
+    for_each_storage([&](Elem elem, bool transposed, int threads) {
+      check({.m = m,
+             .n = n,
+             .k = k,
+             .b = Source::Strided,
+             .a_elem = elem,
+             .b_elem = elem,
+             .c_elem = Elem::F32,
+             .b_transposed = transposed,
+             .a_pad = 1,
+             .row_bias = true,
+             .threads = threads});
+      check({.m = m, .n = n, .k = k, .a_elem = elem, .a_transposed = transposed, .residual = true, .threads = threads});
+    });
+}
+
 TEST_P(PackedGemmTest, Epilogues) {
   const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {5, 7, 2}, {31, 17, 100}, {100, 257, 64}};
   for (const auto& [m, n, k] : shapes)

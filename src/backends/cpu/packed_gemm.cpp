@@ -488,9 +488,35 @@ void pack_steps(const std::byte* first, size_t step_bytes, Elem elem, int64_t li
   }
 }
 
-// Rows [row0, row0 + rows) x depth [p0, p0 + kc) of a strided A into panels of MR rows (kc * MR floats each).
-void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst,
-                    bool avx2) {
+// A block's rows go MR to an A panel, except that where the last panel would hold one or two rows, the last two
+// panels share their MR + 1 or MR + 2 rows (4 + 3, 4 + 4) when `balanced`: a tile of two rows costs about two thirds
+// of a six-row one (its few chains of multiply-adds wait on each other), so two tiles of four take less than tiles of
+// six and two. Rows [first, first + count) of the block go to its panel `panel`.
+struct PanelRows {
+  int64_t first = 0, count = 0;
+};
+
+PanelRows panel_rows(int64_t rows, int64_t panel, bool balanced) {
+  const int64_t rest = rows % MR, panels = ceil_div(rows, MR);
+  if (!balanced || rows < MR || (rest != 1 && rest != 2) || panel < panels - 2)
+    return {panel * MR, std::min(MR, rows - panel * MR)};
+  const int64_t first = (panels - 2) * MR, second_last = (MR + rest + 1) / 2;
+  return panel == panels - 2 ? PanelRows{first, second_last} : PanelRows{first + second_last, MR + rest - second_last};
+}
+
+// Rows [row0, row0 + rows) x depth [p0, p0 + kc) of a strided A into panels of MR rows (kc * MR floats each), the
+// last two shared as panel_rows says when `balanced`.
+void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p0, int64_t kc, float* dst, bool avx2,
+                    bool balanced = false) {
+  const PanelRows last = panel_rows(rows, ceil_div(rows, MR) - 1, balanced);
+  if (last.first % MR != 0) {  // the last two panels share their rows: packed one at a time, each zero-padded
+    const int64_t whole = last.first / MR * MR;  // rows in whole panels before the shared two
+    const PanelRows second_last = panel_rows(rows, whole / MR, balanced);
+    pack_a_strided(a, row0, whole, p0, kc, dst, avx2);
+    pack_a_strided(a, row0 + second_last.first, second_last.count, p0, kc, dst + whole * kc, avx2);
+    pack_a_strided(a, row0 + last.first, last.count, p0, kc, dst + (whole + MR) * kc, avx2);
+    return;
+  }
   const size_t es = elem_size(a.elem);
   if (!a.transposed)  // element (i, p) at data[i * ld + p]: each row is a line along the depth
     return pack_widened_lines(a.data + static_cast<size_t>(row0 * a.ld + p0) * es, static_cast<size_t>(a.ld) * es,
@@ -1392,7 +1418,10 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   if (pairs && kernel == GemmKernelChoice::Amx && amx_fits(k, kc, mc))
     return run_region_amx(region, ops, k, kc, mc, nc, buffers);
 #endif
-  // The region's rows of A packed once for every column block (panel p at p * k * MR, or p * k_pairs * MR words).
+  // The AVX2 tiles of a strided A share a row block's last rows between its last two panels (see panel_rows).
+  const bool balanced = avx2 && !wide && !packed_a;
+  // The region's rows of A packed once for every column block (panel p at p * k * MR, or p * k_pairs * MR words),
+  // a row block at a time so that the panels match the blocks'.
   const bool whole_a = buffers.whole_a && !packed_a && region.col1 - region.col0 > nc;
   if (whole_a) {
     const auto& strided_a = std::get<StridedOperand>(ops.a);
@@ -1402,7 +1431,9 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
                    reinterpret_cast<uint32_t*>(buffers.whole_a));
     else
 #endif
-      pack_a_strided(strided_a, region.row0, region.row1 - region.row0, 0, k, buffers.whole_a, avx2);
+      for (int64_t ic = region.row0; ic < region.row1; ic += mc)
+        pack_a_strided(strided_a, ic, std::min(mc, region.row1 - ic), 0, k, buffers.whole_a + (ic - region.row0) * k,
+                       avx2, balanced);
   }
   for (int64_t jc = region.col0; jc < region.col1; jc += nc) {
     const int64_t cols = std::min(nc, region.col1 - jc);
@@ -1454,7 +1485,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           if (packed_a)
             pack_a_converted(*packed_a, ic, rows, pc, depth, buffers.a_block);
           else
-            pack_a_strided(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, buffers.a_block, avx2);
+            pack_a_strided(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, buffers.a_block, avx2, balanced);
         }
         auto b_panel = [&](int64_t jr) {
           if (packed_b) return packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es;
@@ -1462,19 +1493,21 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           return reinterpret_cast<const std::byte*>(buffers.b_block) +
                  static_cast<size_t>(jr / NR * k * NR + pc * NR) * b_es;
         };
-        auto a_panel = [&](int64_t ir) -> const float* {
-          if (direct_a) return reinterpret_cast<const float*>(packed_a->panel((ic + ir) / MR)) + pc * MR;
-          if (whole_a) return buffers.whole_a + (ic - region.row0 + ir) / MR * k * MR + pc * MR;
-          return buffers.a_block + ir / MR * depth * MR;
+        auto a_panel = [&](int64_t panel) -> const float* {
+          if (direct_a) return reinterpret_cast<const float*>(packed_a->panel(ic / MR + panel)) + pc * MR;
+          if (whole_a) return buffers.whole_a + ((ic - region.row0) / MR + panel) * k * MR + pc * MR;
+          return buffers.a_block + panel * depth * MR;
         };
+        const int64_t panels = ceil_div(rows, MR);
         for (int64_t jr = 0; jr < cols;) {
           const std::byte* b0 = b_panel(jr);
 #ifdef NPUSIM_GEMM_X86
           if (wide) {  // two B panels at a time while two remain (the sums buffer is padded to whole panels)
             const bool pair = cols - jr > NR;
             const std::byte* b1 = pair ? b_panel(jr + NR) : b0;
-            for (int64_t ir = 0; ir < rows; ir += MR)
-              (pair ? pair512 : single512)(depth, a_panel(ir), b0, b1, buffers.sums + ir * nc + jr, nc, pc > 0);
+            for (int64_t panel = 0; panel < panels; ++panel)
+              (pair ? pair512 : single512)(depth, a_panel(panel), b0, b1, buffers.sums + panel * MR * nc + jr, nc,
+                                           pc > 0);
             jr += pair ? 2 * NR : NR;
             continue;
           }
@@ -1483,15 +1516,23 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           if (avx2 && cols - jr == 1 && b_elem == Elem::F32 && depth <= kMaxDepthBlockFewColumns) {
             alignas(32) float column[kMaxDepthBlockFewColumns];
             for (int64_t p = 0; p < depth; ++p) column[p] = reinterpret_cast<const float*>(b0)[p * NR];
-            for (int64_t ir = 0; ir < rows; ir += MR)
-              micro_column_avx2(depth, a_panel(ir), column, buffers.sums + ir * nc + jr, nc, pc > 0);
+            for (int64_t panel = 0; panel < panels; ++panel) {
+              const PanelRows tile = panel_rows(rows, panel, balanced);
+              // The column tile writes all MR rows: not for the two panels that share their rows.
+              if (tile.count == MR || (panel == panels - 1 && tile.first % MR == 0))
+                micro_column_avx2(depth, a_panel(panel), column, buffers.sums + tile.first * nc + jr, nc, pc > 0);
+              else
+                kernels[tile.count][true](depth, a_panel(panel), b0, buffers.sums + tile.first * nc + jr, nc, pc > 0);
+            }
             jr += NR;
             continue;
           }
 #endif
           const bool narrow = cols - jr <= NR / 2;
-          for (int64_t ir = 0; ir < rows; ir += MR)
-            kernels[std::min(MR, rows - ir)][narrow](depth, a_panel(ir), b0, buffers.sums + ir * nc + jr, nc, pc > 0);
+          for (int64_t panel = 0; panel < panels; ++panel) {
+            const PanelRows tile = panel_rows(rows, panel, balanced);
+            kernels[tile.count][narrow](depth, a_panel(panel), b0, buffers.sums + tile.first * nc + jr, nc, pc > 0);
+          }
           jr += NR;
         }
       }
