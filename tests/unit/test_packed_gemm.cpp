@@ -257,13 +257,10 @@ TEST_P(PackedGemmTest, Bf16OperandsTogether) {
       }
 }
 
-// Products wider than one column block (n past 512, or past 128 for deep rows) pack a strided A whole once per
-// worker and read it from there for every block; bf16 B packed during the product stays bf16 for the AVX2 tile.
-// Rows that end in partial panels, depths that end in partial steps of 8 and several depth blocks, split over one
-// and two workers.
-TEST_P(PackedGemmTest, StridedAWiderThanOneColumnBlock) {
-  const std::vector<std::array<int64_t, 3>> shapes = {
-      {7, 530, 19}, {13, 600, 257}, {128, 1040, 40}, {5, 300, 3100}, {600, 520, 19}};
+// Each shape with A strided in every storage type and layout, on one and two workers: against a strided B (of the
+// same type, transposed or not) packed during the product, with a bias along the columns, then against a prepacked
+// fp32 B with a residual; rows of A padded.
+void check_strided_a(const std::vector<std::array<int64_t, 3>>& shapes) {
   for (const auto& [m, n, k] : shapes)
     for_each_storage([&](Elem elem, bool transposed, int threads) {
       check({.m = m,
@@ -278,31 +275,30 @@ TEST_P(PackedGemmTest, StridedAWiderThanOneColumnBlock) {
              .b_pad = 5,
              .column_bias = true,
              .threads = threads});
-      check({.m = m, .n = n, .k = k, .a_elem = elem, .a_transposed = transposed, .a_pad = 2, .threads = threads});
+      check({.m = m,
+             .n = n,
+             .k = k,
+             .a_elem = elem,
+             .a_transposed = transposed,
+             .a_pad = 2,
+             .residual = true,
+             .threads = threads});
     });
+}
+
+// Products wider than one column block (n past 512, or past 128 for deep rows) pack a strided A whole once per
+// worker and read it from there for every block; bf16 B packed during the product stays bf16 for the AVX2 tile.
+// Rows that end in partial panels, depths that end in partial steps of 8 and several depth blocks, split over one
+// and two workers.
+TEST_P(PackedGemmTest, StridedAWiderThanOneColumnBlock) {
+  check_strided_a({{7, 530, 19}, {13, 600, 257}, {128, 1040, 40}, {5, 300, 3100}, {600, 520, 19}});
 }
 
 // Row blocks whose last panel would hold one or two rows share their last MR + 1 or MR + 2 rows between two panels
 // on the AVX2 tiles: one row block (7, 8, 13, 14 rows), the last of several (96 + 32), a last block of fewer rows
 // than a panel (96 + 2), rows split over two workers, and a single last column (the one-column tile).
 TEST_P(PackedGemmTest, LastRowsSharedBetweenTwoPanels) {
-  const std::vector<std::array<int64_t, 3>> shapes = {{7, 40, 33},   {8, 17, 9},     {13, 33, 64},
-                                                      {14, 600, 19}, {128, 49, 300}, {98, 21, 40}};
-  for (const auto& [m, n, k] : shapes)
-    for_each_storage([&](Elem elem, bool transposed, int threads) {
-      check({.m = m,
-             .n = n,
-             .k = k,
-             .b = Source::Strided,
-             .a_elem = elem,
-             .b_elem = elem,
-             .c_elem = Elem::F32,
-             .b_transposed = transposed,
-             .a_pad = 1,
-             .row_bias = true,
-             .threads = threads});
-      check({.m = m, .n = n, .k = k, .a_elem = elem, .a_transposed = transposed, .residual = true, .threads = threads});
-    });
+  check_strided_a({{7, 40, 33}, {8, 17, 9}, {13, 33, 64}, {14, 600, 19}, {128, 49, 300}, {98, 21, 40}});
 }
 
 TEST_P(PackedGemmTest, Epilogues) {
