@@ -511,9 +511,8 @@ void pack_a_strided(const StridedOperand& a, int64_t row0, int64_t rows, int64_t
   const PanelRows last = panel_rows(rows, ceil_div(rows, MR) - 1, balanced);
   if (last.first % MR != 0) {  // the last two panels share their rows: packed one at a time, each zero-padded
     const int64_t whole = last.first / MR * MR;  // rows in whole panels before the shared two
-    const PanelRows second_last = panel_rows(rows, whole / MR, balanced);
     pack_a_strided(a, row0, whole, p0, kc, dst, avx2);
-    pack_a_strided(a, row0 + second_last.first, second_last.count, p0, kc, dst + whole * kc, avx2);
+    pack_a_strided(a, row0 + whole, last.first - whole, p0, kc, dst + whole * kc, avx2);
     pack_a_strided(a, row0 + last.first, last.count, p0, kc, dst + (whole + MR) * kc, avx2);
     return;
   }
@@ -1447,18 +1446,18 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
         for (int64_t pc = 0; pc < k; pc += kc) {  // kc is even when k takes several blocks
           const int64_t depth = std::min(kc, k - pc), depth_pairs = (depth + 1) / 2;
           if (!whole_a) pack_a_pairs(std::get<StridedOperand>(ops.a), ic, rows, pc, depth, a_words);
-          auto a_panel = [&](int64_t ir) {
+          auto a_panel = [&](int64_t panel) {
             return whole_a ? reinterpret_cast<const uint32_t*>(buffers.whole_a) +
-                                 (ic - region.row0 + ir) / MR * k_pairs * MR + pc / 2 * MR
-                           : a_words + ir / MR * depth_pairs * MR;
+                                 ((ic - region.row0) / MR + panel) * k_pairs * MR + pc / 2 * MR
+                           : a_words + panel * depth_pairs * MR;
           };
           for (int64_t jr = 0; jr < cols;) {
             const bool two = cols - jr > NR;
             const uint32_t* b0 = b_words + jr / NR * k_pairs * NR + pc / 2 * NR;
             const uint32_t* b1 = two ? b0 + k_pairs * NR : b0;
-            for (int64_t ir = 0; ir < rows; ir += MR)
-              (two ? double_pairs : single_pairs)(depth_pairs, a_panel(ir), b0, b1, buffers.sums + ir * nc + jr, nc,
-                                                  pc > 0);
+            for (int64_t panel = 0; panel * MR < rows; ++panel)
+              (two ? double_pairs : single_pairs)(depth_pairs, a_panel(panel), b0, b1,
+                                                  buffers.sums + panel * MR * nc + jr, nc, pc > 0);
             jr += two ? 2 * NR : NR;
           }
         }
