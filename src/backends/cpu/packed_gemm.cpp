@@ -468,22 +468,29 @@ void pack_widened_lines(const std::byte* first, size_t line_bytes, Elem elem, in
 
 // Lines [0, lines) into fp32 panels of `width` lines over `steps` steps where the lines' values of one step are
 // contiguous (step p of line i at first + p * step_bytes + i * elem size): one copy or conversion per panel row.
+// Steps go in groups of kPackStepGroup, each group panel by panel: the reads run along kPackStepGroup source rows at
+// once (a panel at a time down all the steps jumps a whole source row per step, which the prefetchers do not follow
+// when rows are long) and each panel's writes stay contiguous.
 void pack_steps(const std::byte* first, size_t step_bytes, Elem elem, int64_t lines, int64_t width, int64_t steps,
                 float* dst) {
+  constexpr int64_t kPackStepGroup = 8;
   const size_t es = elem_size(elem);
-  for (int64_t line0 = 0; line0 < lines; line0 += width) {
-    float* panel = dst + line0 / width * steps * width;
-    const int64_t live = std::min(width, lines - line0);
-    for (int64_t p = 0; p < steps; ++p) {
-      const std::byte* src = first + static_cast<size_t>(p) * step_bytes + static_cast<size_t>(line0) * es;
-      float* out = panel + p * width;
-      if (elem == Elem::F32 && live == NR && width == NR)  // the common case, as a fixed-size copy
-        std::memcpy(out, src, NR * sizeof(float));
-      else if (elem == Elem::F32)
-        std::memcpy(out, src, static_cast<size_t>(live) * sizeof(float));
-      else
-        to_float(src, elem, out, live);
-      std::fill(out + live, out + width, 0.0f);
+  for (int64_t group = 0; group < steps; group += kPackStepGroup) {
+    const int64_t group_end = std::min(steps, group + kPackStepGroup);
+    for (int64_t line0 = 0; line0 < lines; line0 += width) {
+      float* panel = dst + line0 / width * steps * width;
+      const int64_t live = std::min(width, lines - line0);
+      for (int64_t p = group; p < group_end; ++p) {
+        const std::byte* src = first + static_cast<size_t>(p) * step_bytes + static_cast<size_t>(line0) * es;
+        float* out = panel + p * width;
+        if (elem == Elem::F32 && live == NR && width == NR)  // the common case, as a fixed-size copy
+          std::memcpy(out, src, NR * sizeof(float));
+        else if (elem == Elem::F32)
+          std::memcpy(out, src, static_cast<size_t>(live) * sizeof(float));
+        else
+          to_float(src, elem, out, live);
+        std::fill(out + live, out + width, 0.0f);
+      }
     }
   }
 }
