@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "backends/cpu/avx2_transpose.h"
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/strided_loop.h"
 #include "core/cpu_features.h"
@@ -94,22 +95,8 @@ std::optional<Transposes> as_transposes(const View& view) {
 __attribute__((target("avx2"))) void transpose8x8(const float* in, int64_t in_stride, float* out, int64_t out_stride) {
   __m256 r[8];
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(in + i * in_stride);
-  __m256 t[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  __m256 u[8];
-  for (int i = 0; i < 8; i += 4) {
-    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(out + i * out_stride, _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-    _mm256_storeu_ps(out + (i + 4) * out_stride, _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
-  }
+  transpose8(r);
+  for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + i * out_stride, r[i]);
 }
 #endif
 
