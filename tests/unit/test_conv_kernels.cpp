@@ -132,6 +132,8 @@ std::vector<ConvCase> conv_cases() {
       {"depthwise 1x1", {1, 4, 6, 6}, {4, 1, 1, 1}, true, {1}, {0}, {1}, 4},
       {"depthwise padding wider than the kernel", {1, 2, 4, 4}, {2, 1, 3, 3}, true, {1}, {3}, {1}, 2},
       {"depthwise rows of 33 batch 2", {2, 3, 6, 33}, {3, 1, 3, 3}, true, {1}, {1}, {1}, 3},
+      {"depthwise tall, bands of rows", {1, 9, 150, 20}, {9, 1, 3, 3}, true, {1}, {1}, {1}, 9},
+      {"depthwise stride 2 tall, batch 2", {2, 10, 141, 45}, {10, 1, 3, 3}, true, {2}, {1}, {1}, 10},
       {"groups of 4 channels", {1, 16, 13, 15}, {16, 4, 3, 3}, true, {1}, {1}, {1}, 4},
       {"groups of 8 stride 2 batch 2", {2, 16, 14, 11}, {24, 8, 3, 3}, true, {2}, {1}, {1}, 2},
       {"groups of 3 in, 5 out, 5x5", {1, 6, 9, 9}, {10, 3, 5, 5}, false, {1}, {2}, {1}, 2},

@@ -3,7 +3,8 @@
 // time when it is a constant, the patch matrix gathered from the input while the GEMM packs its panels (a pointwise
 // convolution reads the input itself), and bias, residual and activations applied by the GEMM's epilogue.
 // Convolutions whose groups read few input channels (depthwise, the narrowest grouped ones) are computed directly
-// (direct_conv.h) instead of as many tiny GEMMs.
+// instead of as many tiny GEMMs: depthwise ones eight channels at a time where the CPU has AVX2 (depthwise_conv.h),
+// the others plane by plane (direct_conv.h).
 #include <array>
 #include <cmath>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <span>
 
 #include "backends/cpu/conv_winograd.h"
+#include "backends/cpu/depthwise_conv.h"
 #include "backends/cpu/direct_conv.h"
 #include "backends/cpu/elementwise.h"
 #include "backends/cpu/packed_gemm.h"
@@ -111,9 +113,10 @@ struct ConvPlan {
   float low = 0.0f, high = 0.0f;
   std::vector<PackedMatrix> packed;  // per group, when the weight is constant
   PackedGemm gemm;
-  std::optional<WinogradConv> winograd;  // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
-  std::optional<DirectConv> direct;      // for ConvGeometry::direct()
-  Tensor scaled_weight;                  // the direct path's weight with its row scales applied (a folded BatchNorm)
+  std::optional<WinogradConv> winograd;    // instead of the GEMM, for 3x3 stride-1 convolutions that gain from it
+  std::optional<DirectConv> direct;        // for ConvGeometry::direct()
+  std::optional<DepthwiseConv> depthwise;  // instead, for its depthwise ones (one input and one output per group)
+  Tensor scaled_weight;                    // the direct path's weight with its row scales applied (a folded BatchNorm)
   // Offsets (in floats) into the shared scratch; -1 when not needed.
   int64_t x_scratch = -1, bias_scratch = -1, winograd_scratch = -1;
   int64_t phases_scratch = -1;  // the input split by stride phases, when that packs the patches faster
@@ -228,6 +231,47 @@ struct DirectScratch {
   int64_t floats() const { return sums + converted + padded; }
 };
 
+// How the direct paths finish their sums: ReLU and clamps go with the sums into the output, unless a residual must be
+// added before them; an fp32 output without a residual is written in place (any other activation applied there
+// afterwards), anything else goes through the GEMM's epilogue.
+struct DirectFinish {
+  bool clamp_in_plane = false, straight_to_output = false;
+  float low = -kInfinity, high = kInfinity;
+
+  explicit DirectFinish(const ConvPlan& p)
+      : clamp_in_plane(!p.residual && p.gemm_activation != GemmActivation::None),
+        straight_to_output(!p.residual && p.out.elem == Elem::F32) {
+    if (clamp_in_plane) {
+      low = p.gemm_activation == GemmActivation::Relu ? 0.0f : p.low;
+      high = p.gemm_activation == GemmActivation::Clamp ? p.high : kInfinity;
+    }
+  }
+
+  // `count` sums at `sums` (changed in place) into the output from element `at` (in elements of the whole output).
+  void store(const ConvPlan& p, float* sums, int64_t at, int64_t count) const {
+    GemmEpilogue epilogue;
+    if (p.residual) {
+      epilogue.residual = p.residual->data + static_cast<size_t>(at) * elem_size(p.residual->elem);
+      epilogue.residual_elem = p.residual->elem;
+      epilogue.residual_ld = count;
+    }
+    epilogue.activation = clamp_in_plane ? GemmActivation::None : p.gemm_activation;
+    epilogue.low = p.low;
+    epilogue.high = p.high;
+    epilogue.unary = p.activation ? &*p.activation : nullptr;
+    store_through_epilogue(sums, count, 1, count, 0, 0,
+                           {p.out.data + static_cast<size_t>(at) * elem_size(p.out.elem), p.out.elem, count}, epilogue);
+  }
+};
+
+// The weight as fp32 [out_channels, group_in * taps]: folded, as stored, or converted into the shared scratch.
+const float* direct_weights(const ConvPlan& p, const ScratchSpace& scratch) {
+  if (p.scaled_weight.defined()) return p.scaled_weight.data<float>();
+  if (p.weight.elem == Elem::F32) return p.weight.as<const float>();
+  to_float(p.weight.data, p.weight.elem, scratch.shared_as<float>(), p.weight.numel());
+  return scratch.shared_as<float>();
+}
+
 // Pieces of work: (sample, group, run of the group's output channels), enough for every worker even with one group;
 // each piece loads its group's inputs once.
 void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
@@ -235,20 +279,8 @@ void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch
   const int64_t pixels = g.pixels(), plane = g.in_plane(), group_in = g.group_in(), group_out = g.group_out();
   const int64_t weights_per_output = group_in * g.kernel[0] * g.kernel[1];
   const DirectScratch layout(g, *p.direct);
-  // ReLU and clamps go with the sums into the plane, unless a residual must be added before them.
-  const bool clamp_in_plane = !p.residual && p.gemm_activation != GemmActivation::None;
-  const float low = !clamp_in_plane ? -kInfinity : p.gemm_activation == GemmActivation::Relu ? 0.0f : p.low;
-  const float high = clamp_in_plane && p.gemm_activation == GemmActivation::Clamp ? p.high : kInfinity;
-  // An fp32 output without a residual is written in place (any other activation applied there afterwards).
-  const bool straight_to_output = !p.residual && p.out.elem == Elem::F32;
-  const float* weights = scratch.shared_as<float>();  // converted once per run below when not fp32
-  if (p.scaled_weight.defined()) {
-    weights = p.scaled_weight.data<float>();
-  } else if (p.weight.elem == Elem::F32) {
-    weights = p.weight.as<const float>();
-  } else {
-    to_float(p.weight.data, p.weight.elem, scratch.shared_as<float>(), p.weight.numel());
-  }
+  const DirectFinish finish(p);
+  const float* weights = direct_weights(p, scratch);
   const int64_t groups = g.batch * g.groups;
   const int64_t runs = std::clamp<int64_t>((4 * pool.size() + groups - 1) / groups, 1, group_out);
   const int64_t per_run = (group_out + runs - 1) / runs;
@@ -268,28 +300,49 @@ void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch
         const int64_t out_at = (n * g.out_channels + o) * pixels;
         const float bias = p.bias ? load_float(p.bias->data, p.bias->elem, o) : 0.0f;
         const float* w = weights + o * weights_per_output;
-        if (straight_to_output) {
-          float* out = p.out.as<float>() + out_at;
-          p.direct->compute(padded, w, bias, low, high, out);
-          if (p.activation) apply_unary(*p.activation, out, out, pixels);
-          continue;
-        }
-        // Otherwise the plane goes through the GEMM's epilogue: residual, the activations left, the output's type.
-        p.direct->compute(padded, w, bias, low, high, sums);
-        GemmEpilogue epilogue;
-        if (p.residual) {
-          epilogue.residual = p.residual->data + static_cast<size_t>(out_at) * elem_size(p.residual->elem);
-          epilogue.residual_elem = p.residual->elem;
-          epilogue.residual_ld = pixels;
-        }
-        epilogue.activation = clamp_in_plane ? GemmActivation::None : p.gemm_activation;
-        epilogue.low = p.low;
-        epilogue.high = p.high;
-        epilogue.unary = p.activation ? &*p.activation : nullptr;
-        store_through_epilogue(sums, pixels, 1, pixels, 0, 0,
-                               {p.out.data + static_cast<size_t>(out_at) * elem_size(p.out.elem), p.out.elem, pixels},
-                               epilogue);
+        float* plane_out = finish.straight_to_output ? p.out.as<float>() + out_at : sums;
+        p.direct->compute(padded, w, bias, finish.low, finish.high, plane_out);
+        if (!finish.straight_to_output)
+          finish.store(p, sums, out_at, pixels);
+        else if (p.activation)
+          apply_unary(*p.activation, plane_out, plane_out, pixels);
       }
+    }
+  });
+}
+
+// Depthwise: pieces of (sample, eight channels, band of output rows).
+int64_t depthwise_band_floats(const ConvPlan& p) { return p.depthwise->band_rows() * p.g.out[1]; }
+
+void run_depthwise(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
+  const ConvGeometry& g = p.g;
+  const DepthwiseConv& conv = *p.depthwise;
+  constexpr int64_t kLanes = DepthwiseConv::kChannels;
+  const int64_t channels = g.out_channels, pixels = g.pixels(), plane = g.in_plane(), out_w = g.out[1];
+  const int64_t taps = g.kernel[0] * g.kernel[1], lane_groups = (channels + kLanes - 1) / kLanes;
+  const int64_t bands = conv.bands(), band_floats = depthwise_band_floats(p);
+  const DirectFinish finish(p);
+  const float* weights = direct_weights(p, scratch);
+  pool.parallel_for(g.batch * lane_groups * bands, 1, [&](int64_t begin, int64_t end, int worker) {
+    float* work = scratch.worker_as<float>(worker);
+    float* sums = work + conv.scratch_floats();  // [8][band] when the output is not written in place
+    for (int64_t piece = begin; piece < end; ++piece) {
+      const int64_t n = piece / bands / lane_groups, first = piece / bands % lane_groups * kLanes, band = piece % bands;
+      const int64_t count = std::min(kLanes, channels - first);
+      const int64_t row0 = band * conv.band_rows(), band_pixels = std::min(conv.band_rows(), g.out[0] - row0) * out_w;
+      float bias[kLanes] = {};
+      for (int64_t c = 0; c < count && p.bias; ++c) bias[c] = load_float(p.bias->data, p.bias->elem, first + c);
+      const int64_t out_at = (n * channels + first) * pixels + row0 * out_w;  // channel `first`'s band
+      const float* in = p.x.as<const float>() + (n * channels + first) * plane;
+      if (finish.straight_to_output) {
+        float* out = p.out.as<float>() + out_at;
+        conv.run_band(in, weights + first * taps, bias, count, band, finish.low, finish.high, out, pixels, work);
+        for (int64_t c = 0; c < count && p.activation; ++c)
+          apply_unary(*p.activation, out + c * pixels, out + c * pixels, band_pixels);
+        continue;
+      }
+      conv.run_band(in, weights + first * taps, bias, count, band, finish.low, finish.high, sums, band_floats, work);
+      for (int64_t c = 0; c < count; ++c) finish.store(p, sums + c * band_floats, out_at + c * pixels, band_pixels);
     }
   });
 }
@@ -342,6 +395,19 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
     }
     if (p.weight.elem != Elem::F32 && !p.scaled_weight.defined()) reserve(p.weight.numel());
     ctx.scratch.reserve_shared(floats_bytes(floats));
+    const DepthwiseGeometry depthwise{.in = p.g.in,
+                                      .kernel = p.g.kernel,
+                                      .stride = p.g.stride,
+                                      .dilation = p.g.dilation,
+                                      .pad = p.g.pad,
+                                      .out = p.g.out};
+    if (p.g.group_in() == 1 && p.g.group_out() == 1 && p.x.elem == Elem::F32 && DepthwiseConv::suitable(depthwise)) {
+      p.depthwise.emplace(depthwise);
+      const int64_t sums = DirectFinish(p).straight_to_output ? 0 : DepthwiseConv::kChannels * depthwise_band_floats(p);
+      ctx.scratch.reserve_per_worker(floats_bytes(p.depthwise->scratch_floats() + sums));
+      kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_depthwise(*plan, *pool, *scratch); };
+      return kernel;
+    }
     p.direct.emplace(DirectConvGeometry{.in = p.g.in,
                                         .kernel = p.g.kernel,
                                         .stride = p.g.stride,
