@@ -218,6 +218,46 @@ TEST(ConvKernels, FusedConvWithResidualAndActivations) {
   }
 }
 
+// Grouped convolutions of more than four input channels a group with a constant fp32 weight take the weight's
+// packed panels straight over the inputs (no patch matrix): bias, residual and every activation, one and two threads.
+TEST(ConvKernels, GroupedPanelsMatchReference) {
+  const std::vector<ConvCase> cases = {
+      {"groups of 8 over 28x28", {1, 32, 28, 28}, {32, 8, 3, 3}, true, {1}, {1}, {1}, 4},
+      {"groups of 16 stride 2 batch 2", {2, 64, 14, 13}, {64, 16, 3, 3}, true, {2}, {1}, {1}, 4},
+      {"groups of 6 in, 10 out", {1, 12, 9, 9}, {20, 6, 3, 3}, false, {1}, {1}, {1}, 2},
+      {"groups of 32 over 7x7", {1, 64, 7, 7}, {64, 32, 3, 3}, true, {1}, {1}, {1}, 2},
+      {"groups of 8, 5x5 dilated", {1, 16, 12, 11}, {16, 8, 5, 5}, true, {1}, {4}, {2}, 2},
+  };
+  Attrs clamp;
+  clamp.set("min_val", -0.2);
+  clamp.set("max_val", 0.3);
+  const std::vector<std::pair<std::string, Attrs>> activations = {{"relu", {}}, {"hardtanh", clamp}, {"silu", {}}};
+  for (const ConvCase& c : cases)
+    for (const auto& [activation, extra] : activations)
+      for (bool with_residual : {false, true})
+        for (int threads : {1, 2}) {
+          const std::string label =
+              c.label + " " + activation + (with_residual ? " residual" : "") + " threads " + std::to_string(threads);
+          Attrs attrs = conv_attrs(c);
+          for (const auto& [name, value] : extra.values()) attrs.set(name, value);
+          attrs.set("activation", activation);
+          attrs.set("has_bias", c.bias);
+          attrs.set("has_residual", with_residual);
+          attrs = normalized("fused_conv2d", attrs);
+          std::vector<Tensor> inputs = conv_inputs(c);
+          const Shape out_shape = reference("conv2d", normalized("conv2d", conv_attrs(c)), inputs).shape();
+          if (with_residual) inputs.push_back(random_tensor(out_shape, 4));
+          const Tensor expected = reference("fused_conv2d", attrs, inputs);
+          Attrs plain = attrs;
+          plain.set("activation", std::string("none"));
+          const double scale = max_abs(reference("fused_conv2d", plain, inputs));
+          const std::optional<Tensor> actual =
+              run_kernel("fused_conv2d", attrs, inputs, out_shape, Elem::F32, threads, true);
+          ASSERT_TRUE(actual) << label;
+          expect_close(*actual, expected, tolerance(Elem::F32), label, scale);
+        }
+}
+
 TEST(ConvKernels, Conv1dMatchesReference) {
   Attrs attrs;
   attrs.set("stride", std::vector<int64_t>{3});

@@ -1,7 +1,7 @@
 // DirectConv (a group of few input channels convolved directly) against a direct loop in double, every output
 // element, on the vector path and on the portable loops, over odd sizes, strides, dilations, paddings wider than the
 // kernel and 1 to 5 channels; outputs start as a sentinel, and the inputs load three times onto the same scratch
-// (its padding must stay zero).
+// (its padding must stay zero). Then the panels of several output planes at once (compute_panel), 5 to 16 channels.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -119,6 +119,65 @@ TEST(DirectConv, MatchesADirectLoopOnBothPaths) {
                  std::to_string(c.dilation) + " c" + std::to_string(c.channels));
     if (testing::Test::HasFailure()) return;
   }
+}
+
+// compute_panel: `outs` planes at once from a packed weight panel (six values per (channel, tap) step), each plane
+// against the direct loop; a spare plane after them must stay untouched.
+void check_panel(const DirectConvGeometry& g, int64_t outs, const std::string& label) {
+  constexpr int64_t kPanelRows = 6;
+  const DirectConv conv(g);
+  std::vector<float> scratch(static_cast<size_t>(conv.scratch_floats()), kSentinel);
+  conv.clear(scratch.data());
+  const int64_t taps = g.kernel[0] * g.kernel[1], steps = g.channels * taps, pixels = g.out[0] * g.out[1];
+  const std::vector<float> in = random_floats(g.channels * g.in[0] * g.in[1], 21);
+  const std::vector<float> w = random_floats(outs * steps, 22), bias = random_floats(outs, 23);
+  std::vector<float> panel(static_cast<size_t>(steps * kPanelRows), 0.0f);
+  for (int64_t p = 0; p < steps; ++p)
+    for (int64_t o = 0; o < outs; ++o)
+      panel[static_cast<size_t>(p * kPanelRows + o)] = w[static_cast<size_t>(o * steps + p)];
+  conv.load_inputs(in.data(), scratch.data());
+  std::vector<float> out(static_cast<size_t>((outs + 1) * pixels), kSentinel);
+  const float low = -0.6f, high = 0.9f;
+  conv.compute_panel(scratch.data(), panel.data(), outs, bias.data(), low, high, out.data(), pixels);
+  for (int64_t o = 0; o < outs; ++o) {
+    const std::vector<float> plane_w(w.begin() + o * steps, w.begin() + (o + 1) * steps);
+    const std::vector<float> expected = expected_plane(g, in, plane_w, bias[static_cast<size_t>(o)], low, high);
+    for (int64_t i = 0; i < pixels; ++i)
+      ASSERT_NEAR(out[static_cast<size_t>(o * pixels + i)], expected[static_cast<size_t>(i)],
+                  1e-5 * static_cast<double>(g.channels))
+          << label << " outs " << outs << " plane " << o << " at " << i;
+  }
+  for (int64_t i = 0; i < pixels; ++i)
+    ASSERT_EQ(out[static_cast<size_t>(outs * pixels + i)], kSentinel) << label << ": written past plane " << outs;
+}
+
+TEST(DirectConv, PanelsMatchADirectLoop) {
+  if (!DirectConv::panels_supported()) GTEST_SKIP() << "needs AVX2 and FMA";
+  struct Case {
+    int64_t h, w, k, stride, pad, dilation, channels, stride_w;
+  };
+  const std::vector<Case> cases = {
+      {7, 7, 3, 1, 1, 1, 8, 0},     // rows of 7: two rows a tile, the last one alone
+      {14, 14, 3, 2, 1, 1, 16, 0},  // 7x7 out of a stride-2 plane
+      {14, 14, 3, 1, 1, 1, 5, 0},   // rows of 14: one tile of 16
+      {28, 28, 3, 1, 1, 1, 8, 0},   // rows of 16 + 12
+      {56, 56, 3, 2, 1, 1, 8, 0},   // stride 2, rows of 28
+      {13, 17, 3, 2, 1, 1, 9, 0},   // odd sizes
+      {14, 20, 3, 3, 2, 2, 6, 0},   // stride 3, dilation 2
+      {9, 10, 3, 2, 1, 1, 7, 1},    // stride 2 by 1
+      {4, 4, 3, 1, 3, 1, 6, 0},     // padding wider than the kernel
+      {1, 1, 3, 1, 1, 1, 12, 0},    // one pixel
+      {3, 70, 3, 1, 1, 1, 5, 0},    // long rows
+      {12, 12, 5, 1, 4, 2, 6, 0},   // 5x5 dilated
+  };
+  for (const Case& c : cases)
+    for (int64_t outs : {1, 4, 5, 6}) {
+      const DirectConvGeometry g = geometry(c.h, c.w, c.k, c.stride, c.pad, c.dilation, c.channels, c.stride_w);
+      check_panel(g, outs,
+                  std::to_string(c.h) + "x" + std::to_string(c.w) + " k" + std::to_string(c.k) + " s" +
+                      std::to_string(c.stride) + " p" + std::to_string(c.pad) + " c" + std::to_string(c.channels));
+      if (testing::Test::HasFailure()) return;
+    }
 }
 
 TEST(DirectConv, EmptyOutputWritesNothing) {

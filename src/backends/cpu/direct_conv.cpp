@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "core/cpu_features.h"
+#include "npusim/error.h"
 
 namespace npusim::cpu {
 
@@ -37,10 +38,24 @@ __attribute__((target("avx2"))) void copy_floats_avx2(const float* src, int64_t 
   if (i < count) _mm256_storeu_ps(dst + i, _mm256_maskload_ps(src + i, first_lanes(count - i)));
 }
 
-// even[j] = row[2 j], odd[j] = row[2 j + 1] for j < count (a multiple of 8).
-__attribute__((target("avx2"))) void split_pairs_avx2(const float* row, int64_t count, float* even, float* odd) {
+// Values [first, first + 8) of an input row `width` long, zero outside it.
+__attribute__((target("avx2"))) __m256 load_inside(const float* row, int64_t first, int64_t width) {
+  if (first >= 0 && first + kLanes <= width) return _mm256_loadu_ps(row + first);
+  const __m256i column =
+      _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i inside = _mm256_and_si256(_mm256_cmpgt_epi32(column, _mm256_set1_epi32(-1)),
+                                          _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width)), column));
+  return _mm256_maskload_ps(row + first, inside);
+}
+
+// even[j] = padded[2 j], odd[j] = padded[2 j + 1] for j < count (a multiple of 8), the padded row being the input
+// row `width` long with `pad` zeros before it and zeros after it. Read straight from the input: a row copied into a
+// buffer just before, at another alignment, makes every load wait on two stores (3-10x slower).
+__attribute__((target("avx2"))) void split_pairs_avx2(const float* row, int64_t width, int64_t pad, int64_t count,
+                                                      float* even, float* odd) {
   for (int64_t j = 0; j < count; j += kLanes) {
-    const __m256 a = _mm256_loadu_ps(row + 2 * j), b = _mm256_loadu_ps(row + 2 * j + kLanes);
+    const int64_t first = 2 * j - pad;
+    const __m256 a = load_inside(row, first, width), b = load_inside(row, first + kLanes, width);
     // Within each 128-bit half: the even (odd) values of a's half, then of b's; then the halves put in order.
     const __m256 evens = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
     const __m256 odds = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
@@ -50,7 +65,7 @@ __attribute__((target("avx2"))) void split_pairs_avx2(const float* row, int64_t 
 }
 #else
 void copy_floats_avx2(const float*, int64_t, float*) {}
-void split_pairs_avx2(const float*, int64_t, float*, float*) {}
+void split_pairs_avx2(const float*, int64_t, int64_t, int64_t, float*, float*) {}
 #endif
 
 // dst[i] = src[i] for i < count; with avx2, zeros up to the next multiple of 8.
@@ -71,6 +86,8 @@ DirectConv::DirectConv(const DirectConvGeometry& g) : g_(g) {
       tap_offsets_.push_back(((column % g.stride[1]) * rows_ + ky * g.dilation[0]) * row_floats_ +
                              column / g.stride[1]);
     }
+  for (int64_t c = 0; c < g.channels; ++c)
+    for (const int64_t offset : tap_offsets_) step_offsets_.push_back(c * channel_floats_ + offset);
 }
 
 void DirectConv::clear(float* scratch) const { std::fill_n(scratch, scratch_floats(), 0.0f); }
@@ -85,7 +102,8 @@ void DirectConv::load_inputs(const float* in, float* scratch, bool vectors) cons
 // Phase r, row y, column j holds padded column j * sx + r of padded row y: input (y - pad_h, j * sx + r - pad_w), or
 // zero outside the input. Only the input's places are written (and zeros right after them, which may reach into the
 // next row or channel, written later, or into padding): the padding stays zero from clear(). A strided plane's row
-// is padded whole first (`row`, sx * row_floats_ floats), then split into its phases.
+// is padded whole first (`row`, sx * row_floats_ floats), then split into its phases; with AVX2, stride 2 splits
+// straight from the input row.
 void DirectConv::fill_phases(const float* in, float* phases, float* row, bool avx2) const {
   const int64_t sx = g_.stride[1], height = g_.in[0], width = g_.in[1], padded_width = sx * row_floats_;
   // Input rows [first_row, last_row) and columns [0, columns) land in the plane.
@@ -94,12 +112,13 @@ void DirectConv::fill_phases(const float* in, float* phases, float* row, bool av
   for (int64_t iy = first_row; iy < last_row; ++iy) {
     const int64_t y = iy + g_.pad[0];
     float* dst = (sx > 1 ? row : phases + y * row_floats_) + g_.pad[1];
-    copy_floats(in + iy * width, columns, dst, avx2);
-    if (sx == 1) continue;
     if (sx == 2 && avx2) {
-      split_pairs_avx2(row, row_floats_, phases + y * row_floats_, phases + (rows_ + y) * row_floats_);
+      split_pairs_avx2(in + iy * width, width, g_.pad[1], row_floats_, phases + y * row_floats_,
+                       phases + (rows_ + y) * row_floats_);
       continue;
     }
+    copy_floats(in + iy * width, columns, dst, avx2);
+    if (sx == 1) continue;
     for (int64_t r = 0; r < sx; ++r) {
       float* phase = phases + (r * rows_ + y) * row_floats_;
       for (int64_t c = 0; c < row_floats_; ++c) phase[c] = row[c * sx + r];
@@ -192,6 +211,102 @@ __attribute__((target("avx2,fma"))) void DirectConv::rows_avx2(const float* scra
 void DirectConv::rows_avx2(const float* scratch, const float* weights, float bias, float low, float high,
                            float* out) const {
   rows_portable(scratch, weights, bias, low, high, out);
+}
+#endif
+
+#ifdef NPUSIM_DIRECT_CONV_X86
+namespace {
+
+constexpr int64_t kPanelRows = 6;  // a packed GEMM's A panel
+
+// Six output planes x two vectors of output pixels: vector v at `base[v]` plus each step's offset, every step's six
+// weights broadcast against both. The vectors are 16 pixels of one output row, or 8 pixels of two rows.
+__attribute__((target("avx2,fma"))) void panel_tile(int64_t steps, const float* panel, const int64_t* offsets,
+                                                    const float* const (&base)[2], __m256 (&sums)[kPanelRows][2]) {
+  __m256 s00 = sums[0][0], s01 = sums[0][1], s10 = sums[1][0], s11 = sums[1][1], s20 = sums[2][0], s21 = sums[2][1];
+  __m256 s30 = sums[3][0], s31 = sums[3][1], s40 = sums[4][0], s41 = sums[4][1], s50 = sums[5][0], s51 = sums[5][1];
+  for (int64_t p = 0; p < steps; ++p, panel += kPanelRows) {
+    const __m256 x0 = _mm256_loadu_ps(base[0] + offsets[p]), x1 = _mm256_loadu_ps(base[1] + offsets[p]);
+    __m256 w = _mm256_broadcast_ss(panel + 0);
+    s00 = _mm256_fmadd_ps(w, x0, s00);
+    s01 = _mm256_fmadd_ps(w, x1, s01);
+    w = _mm256_broadcast_ss(panel + 1);
+    s10 = _mm256_fmadd_ps(w, x0, s10);
+    s11 = _mm256_fmadd_ps(w, x1, s11);
+    w = _mm256_broadcast_ss(panel + 2);
+    s20 = _mm256_fmadd_ps(w, x0, s20);
+    s21 = _mm256_fmadd_ps(w, x1, s21);
+    w = _mm256_broadcast_ss(panel + 3);
+    s30 = _mm256_fmadd_ps(w, x0, s30);
+    s31 = _mm256_fmadd_ps(w, x1, s31);
+    w = _mm256_broadcast_ss(panel + 4);
+    s40 = _mm256_fmadd_ps(w, x0, s40);
+    s41 = _mm256_fmadd_ps(w, x1, s41);
+    w = _mm256_broadcast_ss(panel + 5);
+    s50 = _mm256_fmadd_ps(w, x0, s50);
+    s51 = _mm256_fmadd_ps(w, x1, s51);
+  }
+  sums[0][0] = s00, sums[0][1] = s01, sums[1][0] = s10, sums[1][1] = s11, sums[2][0] = s20, sums[2][1] = s21;
+  sums[3][0] = s30, sums[3][1] = s31, sums[4][0] = s40, sums[4][1] = s41, sums[5][0] = s50, sums[5][1] = s51;
+}
+
+// Vector v of a tile's six sums, clamped, into the first `outs` planes at row oy from column x0 (only the row's
+// columns; nothing for a row past the plane).
+struct PanelStore {
+  float* out;
+  int64_t out_stride, outs, out_h, out_w;
+  __m256 low, high;
+
+  __attribute__((target("avx2"))) void operator()(const __m256 (&sums)[kPanelRows][2], int v, int64_t oy,
+                                                  int64_t x0) const {
+    const int64_t lanes = std::min(kLanes, out_w - x0);
+    if (lanes <= 0 || oy >= out_h) return;
+    for (int64_t o = 0; o < outs; ++o) {
+      const __m256 value = _mm256_min_ps(high, _mm256_max_ps(low, sums[o][v]));
+      float* dst = out + o * out_stride + oy * out_w + x0;
+      if (lanes == kLanes)
+        _mm256_storeu_ps(dst, value);
+      else
+        _mm256_maskstore_ps(dst, first_lanes(lanes), value);
+    }
+  }
+};
+
+}  // namespace
+
+bool DirectConv::panels_supported() { return cpu_features().avx2_fma_f16c(); }
+
+// Rows wider than one vector: 16 pixels of one row per tile (the last tile of a row reads into the row's slack and
+// stores only the row's pixels). Rows of at most 8 pixels: two rows per tile, so that twelve sums stay in flight.
+__attribute__((target("avx2,fma"))) void DirectConv::compute_panel(const float* scratch, const float* panel,
+                                                                   int64_t outs, const float* bias, float low,
+                                                                   float high, float* out, int64_t out_stride) const {
+  const int64_t out_h = g_.out[0], out_w = g_.out[1], steps = static_cast<int64_t>(step_offsets_.size());
+  const int64_t row_step = g_.stride[0] * row_floats_;
+  const bool two_rows = out_w <= kLanes;
+  const __m256 low_v = _mm256_set1_ps(low), high_v = _mm256_set1_ps(high);
+  const PanelStore store{out, out_stride, outs, out_h, out_w, low_v, high_v};
+  for (int64_t oy = 0; oy < out_h; oy += two_rows ? 2 : 1)
+    for (int64_t x0 = 0; x0 < out_w; x0 += two_rows ? kLanes : 2 * kLanes) {
+      __m256 sums[kPanelRows][2];
+      for (int64_t o = 0; o < kPanelRows; ++o)
+        sums[o][0] = sums[o][1] = _mm256_set1_ps(bias && o < outs ? bias[o] : 0.0f);
+      const float* first = scratch + oy * row_step + x0;
+      // A second row past the plane reads the first one again and is not stored.
+      const float* const base[2] = {first, two_rows ? (oy + 1 < out_h ? first + row_step : first) : first + kLanes};
+      panel_tile(steps, panel, step_offsets_.data(), base, sums);
+      store(sums, 0, oy, x0);
+      if (two_rows)
+        store(sums, 1, oy + 1, x0);
+      else
+        store(sums, 1, oy, x0 + kLanes);
+    }
+}
+#else
+bool DirectConv::panels_supported() { return false; }
+
+void DirectConv::compute_panel(const float*, const float*, int64_t, const float*, float, float, float*, int64_t) const {
+  throw Error("DirectConv::compute_panel needs AVX2 and FMA");
 }
 #endif
 

@@ -33,6 +33,13 @@ class DirectConv {
   // is clamped to [low, high] (NaN stays NaN).
   void compute(const float* scratch, const float* weights, float bias, float low, float high, float* out,
                bool vectors = true) const;
+  // Up to six output planes at once (groups of more input channels), each input vector serving all of them:
+  // `panel` holds their weights as a packed GEMM's A panel (six values per (channel, tap) step, channel-major, rows
+  // past `outs` zero), `bias` one value per plane or null; plane o goes to out + o * out_stride. AVX2 and FMA only.
+  void compute_panel(const float* scratch, const float* panel, int64_t outs, const float* bias, float low, float high,
+                     float* out, int64_t out_stride) const;
+  // Whether compute_panel runs on this CPU.
+  static bool panels_supported();
 
  private:
   void fill_phases(const float* in, float* phases, float* row, bool avx2) const;
@@ -44,6 +51,7 @@ class DirectConv {
   int64_t row_floats_ = 0;            // floats per row of one phase, whole vectors past the last output column included
   int64_t channel_floats_ = 0;        // one channel's phases
   std::vector<int64_t> tap_offsets_;  // where each tap of output row 0 reads, from the start of a channel's phases
+  std::vector<int64_t> step_offsets_;  // the same per (channel, tap) step, from the start of the first channel's
 };
 
 }  // namespace npusim::cpu
