@@ -371,12 +371,10 @@ void run_direct_panels(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& 
         const int64_t out_at = (n * g.out_channels + channel) * pixels;
         float* planes = finish.straight_to_output ? p.out.as<float>() + out_at : sums;
         p.direct->compute_panel(padded, panel, outs, bias, finish.low, finish.high, planes, pixels);
-        for (int64_t o = 0; o < outs; ++o) {
-          if (!finish.straight_to_output)
-            finish.store(p, sums + o * pixels, out_at + o * pixels, pixels);
-          else if (p.activation)
-            apply_unary(*p.activation, planes + o * pixels, planes + o * pixels, pixels);
-        }
+        if (finish.straight_to_output && p.activation)  // the panel's planes, one after the other
+          apply_unary(*p.activation, planes, planes, outs * pixels);
+        for (int64_t o = 0; o < outs && !finish.straight_to_output; ++o)
+          finish.store(p, sums + o * pixels, out_at + o * pixels, pixels);
       }
     }
   });
@@ -408,8 +406,11 @@ void run_depthwise(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
       if (finish.straight_to_output) {
         float* out = p.out.as<float>() + out_at;
         conv.run_band(in, weights + first * taps, bias, count, band, finish.low, finish.high, out, pixels, work);
-        for (int64_t c = 0; c < count && p.activation; ++c)
-          apply_unary(*p.activation, out + c * pixels, out + c * pixels, band_pixels);
+        if (p.activation && bands == 1)  // the channels' whole planes, one after the other
+          apply_unary(*p.activation, out, out, count * pixels);
+        else
+          for (int64_t c = 0; c < count && p.activation; ++c)
+            apply_unary(*p.activation, out + c * pixels, out + c * pixels, band_pixels);
         continue;
       }
       conv.run_band(in, weights + first * taps, bias, count, band, finish.low, finish.high, sums, band_floats, work);

@@ -869,6 +869,9 @@ void store_rows(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_
   const size_t out_es = elem_size(c.elem);
 #ifdef NPUSIM_GEMM_X86
   if (avx2 && c.elem == Elem::F32 && (!e.residual || e.residual_elem == Elem::F32)) {
+    // Rows that follow one another in C take the unary step in one call (a product of one column calls it per
+    // value otherwise).
+    const bool contiguous = c.ld == cols;
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t row = row0 + i;
       const float* residual =
@@ -876,8 +879,10 @@ void store_rows(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_
       float* out = reinterpret_cast<float*>(c.data) + row * c.ld + col0;
       finish_row_avx2(sums + i * ld_sums, cols, e.bias && !e.bias_per_column ? e.bias + row : nullptr,
                       e.bias && e.bias_per_column ? e.bias + col0 : nullptr, residual, e, out);
-      if (e.unary) apply_unary(*e.unary, out, out, cols);
+      if (e.unary && !contiguous) apply_unary(*e.unary, out, out, cols);
     }
+    float* first = reinterpret_cast<float*>(c.data) + row0 * c.ld + col0;
+    if (e.unary && contiguous) apply_unary(*e.unary, first, first, rows * cols);
     return;
   }
 #endif
