@@ -312,15 +312,17 @@ void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch
 }
 
 // Grouped convolutions whose groups read more input channels than direct() takes, but whose products are too
-// small for the GEMM's tiles and its im2col packing to pay (ResNeXt's 8 to 32 channels a group, RegNet's 8): the
-// group's inputs are loaded once and its output channels computed six at a time from the packed weight panels
-// (DirectConv::compute_panel), with no patch matrix at all. Measured on Zen 4, one thread: ResNeXt-50's grouped
-// 3x3 convolutions of 8 channels over 28x28 1.07 -> 0.50 ms, of 16 over 14x14 0.66 -> 0.40 ms, of 32 over 7x7
-// 0.53 -> 0.49 ms (its one stride-2 7x7 one 0.55 -> 0.60 ms); RegNetY-400MF 12.9 -> 10.6 ms.
+// small for the GEMM's tiles and its im2col packing to pay (ResNeXt's 8 to 32 channels a group, RegNet's 8), and
+// stems (one group of at most four input channels, an RGB image): the group's inputs are loaded once and its output
+// channels computed six at a time from the packed weight panels (DirectConv::compute_panel), with no patch matrix.
+// Measured on Zen 4, one thread: ResNeXt-50's grouped 3x3 convolutions of 8 channels over 28x28 1.07 -> 0.50 ms, of 16
+// over 14x14 0.66 -> 0.40 ms, of 32 over 7x7 0.53 -> 0.49 ms (its one stride-2 7x7 one 0.55 -> 0.60 ms);
+// RegNetY-400MF 12.9 -> 10.6 ms. Stems: ResNet-50's 7x7 2.82 -> 2.17 ms, MobileNetV2's 3x3 0.42 -> 0.26 ms.
 constexpr int64_t kMaxPanelGroupOutputs = 64;
 
 bool panels_pay(const ConvPlan& p) {
-  return p.g.groups > 1 && !p.g.direct() && p.g.group_out() <= kMaxPanelGroupOutputs && !p.packed.empty() &&
+  const bool stem = p.g.groups == 1 && p.g.group_in() <= 4 && !p.g.pointwise();
+  return ((p.g.groups > 1 && !p.g.direct()) || stem) && p.g.group_out() <= kMaxPanelGroupOutputs && !p.packed.empty() &&
          p.packed[0].elem() == Elem::F32 && DirectConv::panels_supported();
 }
 
@@ -351,19 +353,25 @@ void run_direct_panels(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& 
   const int64_t pixels = g.pixels(), plane = g.in_plane(), group_in = g.group_in(), group_out = g.group_out();
   const PanelScratch layout(p);
   const DirectFinish finish(p);
-  pool.parallel_for(g.batch * g.groups, 1, [&](int64_t begin, int64_t end, int worker) {
+  // Pieces of (sample, group, run of the group's panels): runs only where there are fewer groups than workers (a
+  // stem), each loading the group's inputs for itself.
+  const int64_t panels = (group_out + kGemmTileRows - 1) / kGemmTileRows, groups = g.batch * g.groups;
+  const int64_t runs = std::clamp<int64_t>((pool.size() + groups - 1) / groups, 1, panels);
+  const int64_t per_run = (panels + runs - 1) / runs;
+  pool.parallel_for(groups * runs, 1, [&](int64_t begin, int64_t end, int worker) {
     float* sums = scratch.worker_as<float>(worker);
     float* converted = sums + layout.sums;
     float* padded = converted + layout.converted;
     p.direct->clear(padded);
     for (int64_t piece = begin; piece < end; ++piece) {
-      const int64_t n = piece / g.groups, group = piece % g.groups;
+      const int64_t n = piece / runs / g.groups, group = piece / runs % g.groups, run = piece % runs;
       const int64_t in_at = (n * g.in_channels + group * group_in) * plane;
       p.direct->load_inputs(float_data(p.x.data + static_cast<size_t>(in_at) * elem_size(p.x.elem), p.x.elem,
                                        group_in * plane, converted),
                             padded);
       const PackedMatrix& weights = p.packed[static_cast<size_t>(group)];
-      for (int64_t first = 0; first < group_out; first += kGemmTileRows) {
+      for (int64_t first = run * per_run * kGemmTileRows;
+           first < std::min(group_out, (run + 1) * per_run * kGemmTileRows); first += kGemmTileRows) {
         const int64_t outs = std::min(kGemmTileRows, group_out - first), channel = group * group_out + first;
         float bias[kGemmTileRows] = {};
         for (int64_t o = 0; o < outs && p.bias; ++o) bias[o] = load_float(p.bias->data, p.bias->elem, channel + o);
