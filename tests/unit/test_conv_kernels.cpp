@@ -180,11 +180,35 @@ TEST(ConvKernels, Conv2dMatchesReference) {
                    c.label + " elem " + std::to_string(static_cast<int>(elem)) + " threads " + std::to_string(threads));
 }
 
+struct Fused {
+  std::string activation;
+  Attrs extra;  // the activation's parameters
+};
+
+// fused_conv2d on `c` with `f`'s activation and a residual when asked, operands rounded to `elem`, the weight marked
+// constant when asked, against the reference on the same rounded operands.
+void check_fused(const ConvCase& c, const Fused& f, bool with_residual, Elem elem, int threads, bool constant,
+                 const std::string& label) {
+  Attrs attrs = conv_attrs(c);
+  for (const auto& [name, value] : f.extra.values()) attrs.set(name, value);
+  attrs.set("activation", f.activation);
+  attrs.set("has_bias", c.bias);
+  attrs.set("has_residual", with_residual);
+  attrs = normalized("fused_conv2d", attrs);
+  std::vector<Tensor> inputs = conv_inputs(c);
+  const Shape out_shape = reference("conv2d", normalized("conv2d", conv_attrs(c)), inputs).shape();
+  if (with_residual) inputs.push_back(random_tensor(out_shape, 4));
+  for (Tensor& t : inputs) t = rounded(t, elem);
+  const Tensor expected = reference("fused_conv2d", attrs, inputs);
+  Attrs plain = attrs;
+  plain.set("activation", std::string("none"));
+  const double scale = max_abs(reference("fused_conv2d", plain, inputs));
+  const std::optional<Tensor> actual = run_kernel("fused_conv2d", attrs, inputs, out_shape, elem, threads, constant);
+  ASSERT_TRUE(actual) << label;
+  expect_close(*actual, rounded(expected, elem), tolerance(elem), label, scale);
+}
+
 TEST(ConvKernels, FusedConvWithResidualAndActivations) {
-  struct Fused {
-    std::string activation;
-    Attrs extra;
-  };
   Attrs hardtanh;
   hardtanh.set("min_val", 0.0);
   hardtanh.set("max_val", 0.5);
@@ -195,25 +219,9 @@ TEST(ConvKernels, FusedConvWithResidualAndActivations) {
       for (bool with_residual : {false, true})
         for (Elem elem : {Elem::F32, Elem::BF16}) {
           const bool constant = with_residual != (elem == Elem::F32);
-          const std::string label = c.label + " " + f.activation + (with_residual ? " residual" : "") + " elem " +
-                                    std::to_string(static_cast<int>(elem)) + (constant ? " constant weight" : "");
-          Attrs attrs = conv_attrs(c);
-          for (const auto& [name, value] : f.extra.values()) attrs.set(name, value);
-          attrs.set("activation", f.activation);
-          attrs.set("has_bias", c.bias);
-          attrs.set("has_residual", with_residual);
-          attrs = normalized("fused_conv2d", attrs);
-          std::vector<Tensor> inputs = conv_inputs(c);
-          const Shape out_shape = reference("conv2d", normalized("conv2d", conv_attrs(c)), inputs).shape();
-          if (with_residual) inputs.push_back(random_tensor(out_shape, 4));
-          for (Tensor& t : inputs) t = rounded(t, elem);
-          const Tensor expected = reference("fused_conv2d", attrs, inputs);
-          Attrs plain = attrs;
-          plain.set("activation", std::string("none"));
-          const double scale = max_abs(reference("fused_conv2d", plain, inputs));
-          const std::optional<Tensor> actual = run_kernel("fused_conv2d", attrs, inputs, out_shape, elem, 2, constant);
-          ASSERT_TRUE(actual) << label;
-          expect_close(*actual, rounded(expected, elem), tolerance(elem), label, scale);
+          check_fused(c, f, with_residual, elem, 2, constant,
+                      c.label + " " + f.activation + (with_residual ? " residual" : "") + " elem " +
+                          std::to_string(static_cast<int>(elem)) + (constant ? " constant weight" : ""));
         }
   }
 }
@@ -231,31 +239,14 @@ TEST(ConvKernels, GroupedPanelsMatchReference) {
   Attrs clamp;
   clamp.set("min_val", -0.2);
   clamp.set("max_val", 0.3);
-  const std::vector<std::pair<std::string, Attrs>> activations = {{"relu", {}}, {"hardtanh", clamp}, {"silu", {}}};
+  const std::vector<Fused> activations = {{"relu", {}}, {"hardtanh", clamp}, {"silu", {}}};
   for (const ConvCase& c : cases)
-    for (const auto& [activation, extra] : activations)
+    for (const Fused& f : activations)
       for (bool with_residual : {false, true})
-        for (int threads : {1, 2}) {
-          const std::string label =
-              c.label + " " + activation + (with_residual ? " residual" : "") + " threads " + std::to_string(threads);
-          Attrs attrs = conv_attrs(c);
-          for (const auto& [name, value] : extra.values()) attrs.set(name, value);
-          attrs.set("activation", activation);
-          attrs.set("has_bias", c.bias);
-          attrs.set("has_residual", with_residual);
-          attrs = normalized("fused_conv2d", attrs);
-          std::vector<Tensor> inputs = conv_inputs(c);
-          const Shape out_shape = reference("conv2d", normalized("conv2d", conv_attrs(c)), inputs).shape();
-          if (with_residual) inputs.push_back(random_tensor(out_shape, 4));
-          const Tensor expected = reference("fused_conv2d", attrs, inputs);
-          Attrs plain = attrs;
-          plain.set("activation", std::string("none"));
-          const double scale = max_abs(reference("fused_conv2d", plain, inputs));
-          const std::optional<Tensor> actual =
-              run_kernel("fused_conv2d", attrs, inputs, out_shape, Elem::F32, threads, true);
-          ASSERT_TRUE(actual) << label;
-          expect_close(*actual, expected, tolerance(Elem::F32), label, scale);
-        }
+        for (int threads : {1, 2})
+          check_fused(c, f, with_residual, Elem::F32, threads, true,
+                      c.label + " " + f.activation + (with_residual ? " residual" : "") + " threads " +
+                          std::to_string(threads));
 }
 
 TEST(ConvKernels, Conv1dMatchesReference) {

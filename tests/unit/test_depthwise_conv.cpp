@@ -11,6 +11,7 @@
 
 #include "backends/cpu/depthwise_conv.h"
 #include "core/cpu_features.h"
+#include "unit/direct_conv_reference.h"
 #include "unit/random_values.h"
 
 namespace npusim::cpu {
@@ -22,35 +23,7 @@ using test::random_floats;
 
 DepthwiseGeometry geometry(int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad, int64_t dilation,
                            int64_t stride_w = 0) {
-  DepthwiseGeometry g;
-  g.in = {h, w};
-  g.kernel = {k, k};
-  g.stride = {stride, stride_w > 0 ? stride_w : stride};
-  g.dilation = {dilation, dilation};
-  g.pad = {pad, pad};
-  for (int d = 0; d < 2; ++d) g.out[d] = (g.in[d] + 2 * g.pad[d] - g.dilation[d] * (k - 1) - 1) / g.stride[d] + 1;
-  return g;
-}
-
-// Channel c's output plane, clamped to [low, high].
-std::vector<float> expected_plane(const DepthwiseGeometry& g, const std::vector<float>& in, const std::vector<float>& w,
-                                  const std::vector<float>& bias, int64_t c, float low, float high) {
-  const int64_t taps = g.kernel[0] * g.kernel[1];
-  std::vector<float> out(static_cast<size_t>(g.out[0] * g.out[1]));
-  for (int64_t oy = 0; oy < g.out[0]; ++oy)
-    for (int64_t ox = 0; ox < g.out[1]; ++ox) {
-      double sum = bias[static_cast<size_t>(c)];
-      for (int64_t ky = 0; ky < g.kernel[0]; ++ky)
-        for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
-          const int64_t iy = oy * g.stride[0] - g.pad[0] + ky * g.dilation[0];
-          const int64_t ix = ox * g.stride[1] - g.pad[1] + kx * g.dilation[1];
-          if (iy >= 0 && iy < g.in[0] && ix >= 0 && ix < g.in[1])
-            sum += static_cast<double>(w[static_cast<size_t>(c * taps + ky * g.kernel[1] + kx)]) *
-                   in[static_cast<size_t>((c * g.in[0] + iy) * g.in[1] + ix)];
-        }
-      out[static_cast<size_t>(oy * g.out[1] + ox)] = std::clamp(static_cast<float>(sum), low, high);
-    }
-  return out;
+  return test::conv_geometry<DepthwiseGeometry>(h, w, k, stride, pad, dilation, stride_w);
 }
 
 void check(const DepthwiseGeometry& g, int64_t channels, const std::string& label) {
@@ -62,7 +35,9 @@ void check(const DepthwiseGeometry& g, int64_t channels, const std::string& labe
   std::vector<float> scratch(static_cast<size_t>(conv.scratch_floats()), kSentinel);
   const float low = -0.7f, high = 0.8f;
   std::vector<std::vector<float>> expected;
-  for (int64_t c = 0; c < channels; ++c) expected.push_back(expected_plane(g, in, w, bias, c, low, high));
+  for (int64_t c = 0; c < channels; ++c)
+    expected.push_back(test::direct_conv_plane(g, 1, in.data() + c * g.in[0] * g.in[1], w.data() + c * taps,
+                                               bias[static_cast<size_t>(c)], low, high));
   // Channel planes one plane apart, and one spare plane after the last: nothing may be written there.
   for (int64_t band = 0; band < conv.bands(); ++band) {
     std::vector<float> out(static_cast<size_t>((channels + 1) * pixels), kSentinel);

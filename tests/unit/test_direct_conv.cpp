@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/direct_conv.h"
+#include "unit/direct_conv_reference.h"
 #include "unit/random_values.h"
 
 namespace npusim::cpu {
@@ -22,36 +23,14 @@ using test::random_floats;
 
 DirectConvGeometry geometry(int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad, int64_t dilation,
                             int64_t channels, int64_t stride_w = 0) {
-  DirectConvGeometry g;
-  g.in = {h, w};
-  g.kernel = {k, k};
-  g.stride = {stride, stride_w > 0 ? stride_w : stride};
-  g.dilation = {dilation, dilation};
-  g.pad = {pad, pad};
+  DirectConvGeometry g = test::conv_geometry<DirectConvGeometry>(h, w, k, stride, pad, dilation, stride_w);
   g.channels = channels;
-  for (int d = 0; d < 2; ++d) g.out[d] = (g.in[d] + 2 * g.pad[d] - g.dilation[d] * (k - 1) - 1) / g.stride[d] + 1;
   return g;
 }
 
 std::vector<float> expected_plane(const DirectConvGeometry& g, const std::vector<float>& in,
                                   const std::vector<float>& w, float bias, float low, float high) {
-  const int64_t taps = g.kernel[0] * g.kernel[1];
-  std::vector<float> out(static_cast<size_t>(g.out[0] * g.out[1]));
-  for (int64_t oy = 0; oy < g.out[0]; ++oy)
-    for (int64_t ox = 0; ox < g.out[1]; ++ox) {
-      double sum = bias;
-      for (int64_t c = 0; c < g.channels; ++c)
-        for (int64_t ky = 0; ky < g.kernel[0]; ++ky)
-          for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
-            const int64_t iy = oy * g.stride[0] - g.pad[0] + ky * g.dilation[0];
-            const int64_t ix = ox * g.stride[1] - g.pad[1] + kx * g.dilation[1];
-            if (iy >= 0 && iy < g.in[0] && ix >= 0 && ix < g.in[1])
-              sum += static_cast<double>(w[static_cast<size_t>(c * taps + ky * g.kernel[1] + kx)]) *
-                     in[static_cast<size_t>((c * g.in[0] + iy) * g.in[1] + ix)];
-          }
-      out[static_cast<size_t>(oy * g.out[1] + ox)] = std::clamp(static_cast<float>(sum), low, high);
-    }
-  return out;
+  return test::direct_conv_plane(g, g.channels, in.data(), w.data(), bias, low, high);
 }
 
 void check(const DirectConvGeometry& g, const std::string& label) {

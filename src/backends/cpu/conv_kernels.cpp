@@ -220,17 +220,6 @@ void run_gemm_conv(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scra
 
 // ---- direct: groups of few input channels ----
 
-// Per worker: one output plane, the group's input planes converted to fp32, the padded inputs.
-struct DirectScratch {
-  int64_t sums = 0, converted = 0, padded = 0;
-
-  DirectScratch(const ConvGeometry& g, const DirectConv& conv)
-      : sums((g.pixels() + 15) / 16 * 16),
-        converted((g.group_in() * g.in_plane() + 15) / 16 * 16),
-        padded(conv.scratch_floats()) {}
-  int64_t floats() const { return sums + converted + padded; }
-};
-
 // How the direct paths finish their sums: ReLU and clamps go with the sums into the output, unless a residual must be
 // added before them; an fp32 output without a residual is written in place (any other activation applied there
 // afterwards), anything else goes through the GEMM's epilogue.
@@ -272,19 +261,26 @@ const float* direct_weights(const ConvPlan& p, const ScratchSpace& scratch) {
   return scratch.shared_as<float>();
 }
 
-// Pieces of work: (sample, group, run of the group's output channels), enough for every worker even with one group;
-// each piece loads its group's inputs once.
-void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
+// Per worker: `sums` floats of output planes (for outputs not written in place), the group's input planes converted
+// to fp32, the padded inputs.
+struct DirectScratch {
+  int64_t sums = 0, converted = 0, padded = 0;
+
+  DirectScratch(const ConvPlan& p, int64_t sum_floats)
+      : sums((sum_floats + 15) / 16 * 16),
+        converted((p.g.group_in() * p.g.in_plane() + 15) / 16 * 16),
+        padded(p.direct->scratch_floats()) {}
+  int64_t floats() const { return sums + converted + padded; }
+};
+
+// Pieces of (sample, group, run of the group's outputs) over the pool: each loads its group's input planes once and
+// hands them to compute(n, group, run, padded inputs, sums).
+template <class Compute>
+void over_group_runs(const ConvPlan& p, const DirectScratch& layout, int64_t runs, ThreadPool& pool,
+                     const ScratchSpace& scratch, const Compute& compute) {
   const ConvGeometry& g = p.g;
-  const int64_t pixels = g.pixels(), plane = g.in_plane(), group_in = g.group_in(), group_out = g.group_out();
-  const int64_t weights_per_output = group_in * g.kernel[0] * g.kernel[1];
-  const DirectScratch layout(g, *p.direct);
-  const DirectFinish finish(p);
-  const float* weights = direct_weights(p, scratch);
-  const int64_t groups = g.batch * g.groups;
-  const int64_t runs = std::clamp<int64_t>((4 * pool.size() + groups - 1) / groups, 1, group_out);
-  const int64_t per_run = (group_out + runs - 1) / runs;
-  pool.parallel_for(groups * runs, 1, [&](int64_t begin, int64_t end, int worker) {
+  const int64_t plane = g.in_plane(), group_in = g.group_in();
+  pool.parallel_for(g.batch * g.groups * runs, 1, [&](int64_t begin, int64_t end, int worker) {
     float* sums = scratch.worker_as<float>(worker);
     float* converted = sums + layout.sums;
     float* padded = converted + layout.converted;
@@ -295,20 +291,38 @@ void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch
       p.direct->load_inputs(float_data(p.x.data + static_cast<size_t>(in_at) * elem_size(p.x.elem), p.x.elem,
                                        group_in * plane, converted),
                             padded);
-      for (int64_t o = group * group_out + run * per_run;
-           o < group * group_out + std::min(group_out, (run + 1) * per_run); ++o) {
-        const int64_t out_at = (n * g.out_channels + o) * pixels;
-        const float bias = p.bias ? load_float(p.bias->data, p.bias->elem, o) : 0.0f;
-        const float* w = weights + o * weights_per_output;
-        float* plane_out = finish.straight_to_output ? p.out.as<float>() + out_at : sums;
-        p.direct->compute(padded, w, bias, finish.low, finish.high, plane_out);
-        if (!finish.straight_to_output)
-          finish.store(p, sums, out_at, pixels);
-        else if (p.activation)
-          apply_unary(*p.activation, plane_out, plane_out, pixels);
-      }
+      compute(n, group, run, padded, sums);
     }
   });
+}
+
+// One output plane at a time; runs of a group's output channels give every worker pieces even with one group.
+DirectScratch plane_scratch(const ConvPlan& p) { return DirectScratch(p, p.g.pixels()); }
+
+void run_direct(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
+  const ConvGeometry& g = p.g;
+  const int64_t pixels = g.pixels(), group_out = g.group_out();
+  const int64_t weights_per_output = g.group_in() * g.kernel[0] * g.kernel[1];
+  const DirectFinish finish(p);
+  const float* weights = direct_weights(p, scratch);
+  const int64_t groups = g.batch * g.groups;
+  const int64_t runs = std::clamp<int64_t>((4 * pool.size() + groups - 1) / groups, 1, group_out);
+  const int64_t per_run = (group_out + runs - 1) / runs;
+  over_group_runs(p, plane_scratch(p), runs, pool, scratch,
+                  [&](int64_t n, int64_t group, int64_t run, const float* padded, float* sums) {
+                    for (int64_t o = group * group_out + run * per_run;
+                         o < group * group_out + std::min(group_out, (run + 1) * per_run); ++o) {
+                      const int64_t out_at = (n * g.out_channels + o) * pixels;
+                      const float bias = p.bias ? load_float(p.bias->data, p.bias->elem, o) : 0.0f;
+                      float* plane_out = finish.straight_to_output ? p.out.as<float>() + out_at : sums;
+                      p.direct->compute(padded, weights + o * weights_per_output, bias, finish.low, finish.high,
+                                        plane_out);
+                      if (!finish.straight_to_output)
+                        finish.store(p, sums, out_at, pixels);
+                      else if (p.activation)
+                        apply_unary(*p.activation, plane_out, plane_out, pixels);
+                    }
+                  });
 }
 
 // Grouped convolutions whose groups read more input channels than direct() takes, but whose products are too
@@ -336,56 +350,40 @@ DirectConvGeometry direct_geometry(const ConvGeometry& g) {
                             .channels = g.group_in()};
 }
 
-// Per worker: the six output planes of a panel (when the output is not written in place), the group's input planes
-// converted to fp32, the padded inputs.
-struct PanelScratch {
-  int64_t sums = 0, converted = 0, padded = 0;
-
-  explicit PanelScratch(const ConvPlan& p)
-      : sums(DirectFinish(p).straight_to_output ? 0 : (kGemmTileRows * p.g.pixels() + 15) / 16 * 16),
-        converted((p.g.group_in() * p.g.in_plane() + 15) / 16 * 16),
-        padded(p.direct->scratch_floats()) {}
-  int64_t floats() const { return sums + converted + padded; }
-};
+// Six output planes at a time (when the output is not written in place).
+DirectScratch panel_scratch(const ConvPlan& p) {
+  return DirectScratch(p, DirectFinish(p).straight_to_output ? 0 : kGemmTileRows * p.g.pixels());
+}
 
 void run_direct_panels(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
   const ConvGeometry& g = p.g;
-  const int64_t pixels = g.pixels(), plane = g.in_plane(), group_in = g.group_in(), group_out = g.group_out();
-  const PanelScratch layout(p);
+  const int64_t pixels = g.pixels(), group_out = g.group_out();
   const DirectFinish finish(p);
-  // Pieces of (sample, group, run of the group's panels): runs only where there are fewer groups than workers (a
-  // stem), each loading the group's inputs for itself.
+  // Runs of a group's panels only where there are fewer groups than workers (a stem), each loading the group's
+  // inputs for itself.
   const int64_t panels = (group_out + kGemmTileRows - 1) / kGemmTileRows, groups = g.batch * g.groups;
   const int64_t runs = std::clamp<int64_t>((pool.size() + groups - 1) / groups, 1, panels);
   const int64_t per_run = (panels + runs - 1) / runs;
-  pool.parallel_for(groups * runs, 1, [&](int64_t begin, int64_t end, int worker) {
-    float* sums = scratch.worker_as<float>(worker);
-    float* converted = sums + layout.sums;
-    float* padded = converted + layout.converted;
-    p.direct->clear(padded);
-    for (int64_t piece = begin; piece < end; ++piece) {
-      const int64_t n = piece / runs / g.groups, group = piece / runs % g.groups, run = piece % runs;
-      const int64_t in_at = (n * g.in_channels + group * group_in) * plane;
-      p.direct->load_inputs(float_data(p.x.data + static_cast<size_t>(in_at) * elem_size(p.x.elem), p.x.elem,
-                                       group_in * plane, converted),
-                            padded);
-      const PackedMatrix& weights = p.packed[static_cast<size_t>(group)];
-      for (int64_t first = run * per_run * kGemmTileRows;
-           first < std::min(group_out, (run + 1) * per_run * kGemmTileRows); first += kGemmTileRows) {
-        const int64_t outs = std::min(kGemmTileRows, group_out - first), channel = group * group_out + first;
-        float bias[kGemmTileRows] = {};
-        for (int64_t o = 0; o < outs && p.bias; ++o) bias[o] = load_float(p.bias->data, p.bias->elem, channel + o);
-        const auto* panel = reinterpret_cast<const float*>(weights.panel(first / kGemmTileRows));
-        const int64_t out_at = (n * g.out_channels + channel) * pixels;
-        float* planes = finish.straight_to_output ? p.out.as<float>() + out_at : sums;
-        p.direct->compute_panel(padded, panel, outs, bias, finish.low, finish.high, planes, pixels);
-        if (finish.straight_to_output && p.activation)  // the panel's planes, one after the other
-          apply_unary(*p.activation, planes, planes, outs * pixels);
-        for (int64_t o = 0; o < outs && !finish.straight_to_output; ++o)
-          finish.store(p, sums + o * pixels, out_at + o * pixels, pixels);
-      }
-    }
-  });
+  over_group_runs(p, panel_scratch(p), runs, pool, scratch,
+                  [&](int64_t n, int64_t group, int64_t run, const float* padded, float* sums) {
+                    const PackedMatrix& weights = p.packed[static_cast<size_t>(group)];
+                    for (int64_t first = run * per_run * kGemmTileRows;
+                         first < std::min(group_out, (run + 1) * per_run * kGemmTileRows); first += kGemmTileRows) {
+                      const int64_t outs = std::min(kGemmTileRows, group_out - first);
+                      const int64_t channel = group * group_out + first,
+                                    out_at = (n * g.out_channels + channel) * pixels;
+                      float bias[kGemmTileRows] = {};
+                      for (int64_t o = 0; o < outs && p.bias; ++o)
+                        bias[o] = load_float(p.bias->data, p.bias->elem, channel + o);
+                      const auto* panel = reinterpret_cast<const float*>(weights.panel(first / kGemmTileRows));
+                      float* planes = finish.straight_to_output ? p.out.as<float>() + out_at : sums;
+                      p.direct->compute_panel(padded, panel, outs, bias, finish.low, finish.high, planes, pixels);
+                      if (finish.straight_to_output && p.activation)  // the panel's planes, one after the other
+                        apply_unary(*p.activation, planes, planes, outs * pixels);
+                      for (int64_t o = 0; o < outs && !finish.straight_to_output; ++o)
+                        finish.store(p, sums + o * pixels, out_at + o * pixels, pixels);
+                    }
+                  });
 }
 
 // Depthwise: pieces of (sample, eight channels, band of output rows).
@@ -489,7 +487,7 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
       return kernel;
     }
     p.direct.emplace(direct_geometry(p.g));
-    ctx.scratch.reserve_per_worker(floats_bytes(DirectScratch(p.g, *p.direct).floats()));
+    ctx.scratch.reserve_per_worker(floats_bytes(plane_scratch(p).floats()));
     kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_direct(*plan, *pool, *scratch); };
     return kernel;
   }
@@ -519,7 +517,7 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
   if (panels_pay(p)) {
     p.direct.emplace(direct_geometry(geo));
     ctx.scratch.reserve_shared(floats_bytes(floats));
-    ctx.scratch.reserve_per_worker(floats_bytes(PanelScratch(p).floats()));
+    ctx.scratch.reserve_per_worker(floats_bytes(panel_scratch(p).floats()));
     kernel.run = [plan, pool = &ctx.pool, scratch = &ctx.scratch] { run_direct_panels(*plan, *pool, *scratch); };
     return kernel;
   }
