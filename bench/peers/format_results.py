@@ -112,7 +112,8 @@ def llm_table(results):
             best = {"prompt": row["prompt_tokens"] / (prompt_best[row["threads"]] / 1e3),
                     "decode": row["gen_tokens"] / (row["decode_run_min_ms"] / 1e3)}
             npusim[(quantized, row["threads"])] = best
-            gbps = row["decode_gbps"] * best["decode"] / row["decode_tok_s"]
+            # decode_gbps is one median step's bytes over its time: those bytes per token at the best run's rate.
+            gbps = row["decode_gbps"] * row["median_ms"] / 1e3 * best["decode"]
             lines.append(f"| npusim | {linear_weights(row)} | {row['threads']} | {best['prompt']:.1f} | "
                          f"{best['decode']:.2f} | {gbps:.1f} | | |")
     for (weights, threads), entry in sorted(peers.items(), key=lambda item: (item[0][1], item[0][0])):
