@@ -5,7 +5,9 @@
 // w[o][c][ky, kx] * in[c][oy * sy - pad_h + ky * dy, ox * sx - pad_w + kx * dx]), zero outside the input.
 // The group's input planes are first copied zero-padded and split by the column stride (phase r holds padded columns
 // r, r + sx, ...), so that every tap reads consecutive values for consecutive output pixels with no bounds checks;
-// each output row is then a few vector multiply-adds per channel and tap, summed in registers.
+// each output row is then a few vector multiply-adds per channel and tap, summed in registers. Groups of more
+// channels (and stems) take six output planes at a time from a packed weight panel (compute_panel), so that each
+// input vector loaded serves six multiply-adds.
 #include <array>
 #include <cstdint>
 #include <vector>
