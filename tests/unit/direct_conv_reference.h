@@ -23,7 +23,7 @@ Geometry conv_geometry(int64_t h, int64_t w, int64_t k, int64_t stride, int64_t 
   return g;
 }
 
-// `g` has in, kernel, stride, dilation, pad and out (DirectConvGeometry, DepthwiseGeometry); `in` points at the
+// `g` has in, kernel, stride, dilation, pad and out (a ConvWindow); `in` points at the
 // first of the planes ([channels][in_h][in_w]), `w` at their taps ([channels][kernel_h * kernel_w]).
 template <class Geometry>
 std::vector<float> direct_conv_plane(const Geometry& g, int64_t channels, const float* in, const float* w, float bias,

@@ -21,12 +21,12 @@ constexpr float kSentinel = -12345.0f;
 
 using test::random_floats;
 
-DepthwiseGeometry geometry(int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad, int64_t dilation,
-                           int64_t stride_w = 0) {
-  return test::conv_geometry<DepthwiseGeometry>(h, w, k, stride, pad, dilation, stride_w);
+ConvWindow geometry(int64_t h, int64_t w, int64_t k, int64_t stride, int64_t pad, int64_t dilation,
+                    int64_t stride_w = 0) {
+  return test::conv_geometry<ConvWindow>(h, w, k, stride, pad, dilation, stride_w);
 }
 
-void check(const DepthwiseGeometry& g, int64_t channels, const std::string& label) {
+void check(const ConvWindow& g, int64_t channels, const std::string& label) {
   const DepthwiseConv conv(g);
   const int64_t taps = g.kernel[0] * g.kernel[1], pixels = g.out[0] * g.out[1];
   const std::vector<float> in = random_floats(channels * g.in[0] * g.in[1], 11);
@@ -62,7 +62,7 @@ TEST(DepthwiseConv, EveryBandMatchesADirectLoop) {
   if (!cpu_features().avx2_fma_f16c()) GTEST_SKIP() << "needs AVX2 and FMA";
   struct Case {
     std::string label;
-    DepthwiseGeometry g;
+    ConvWindow g;
     int64_t channels;
   };
   const std::vector<Case> cases = {
@@ -87,7 +87,7 @@ TEST(DepthwiseConv, EveryBandMatchesADirectLoop) {
 
 TEST(DepthwiseConv, NanSumsStayNan) {
   if (!cpu_features().avx2_fma_f16c()) GTEST_SKIP() << "needs AVX2 and FMA";
-  const DepthwiseGeometry g = geometry(6, 6, 3, 1, 1, 1);
+  const ConvWindow g = geometry(6, 6, 3, 1, 1, 1);
   const DepthwiseConv conv(g);
   std::vector<float> in(static_cast<size_t>(2 * 36), 1.0f);
   in[7] = std::numeric_limits<float>::quiet_NaN();  // channel 0, row 1, column 1

@@ -341,13 +341,15 @@ bool panels_pay(const ConvPlan& p) {
 }
 
 DirectConvGeometry direct_geometry(const ConvGeometry& g) {
-  return DirectConvGeometry{.in = g.in,
-                            .kernel = g.kernel,
-                            .stride = g.stride,
-                            .dilation = g.dilation,
-                            .pad = g.pad,
-                            .out = g.out,
-                            .channels = g.group_in()};
+  DirectConvGeometry d;
+  d.in = g.in;
+  d.kernel = g.kernel;
+  d.stride = g.stride;
+  d.dilation = g.dilation;
+  d.pad = g.pad;
+  d.out = g.out;
+  d.channels = g.group_in();
+  return d;
 }
 
 // Six output planes at a time (when the output is not written in place).
@@ -473,12 +475,7 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
     }
     if (p.weight.elem != Elem::F32 && !p.scaled_weight.defined()) reserve(p.weight.numel());
     ctx.scratch.reserve_shared(floats_bytes(floats));
-    const DepthwiseGeometry depthwise{.in = p.g.in,
-                                      .kernel = p.g.kernel,
-                                      .stride = p.g.stride,
-                                      .dilation = p.g.dilation,
-                                      .pad = p.g.pad,
-                                      .out = p.g.out};
+    const ConvWindow depthwise = direct_geometry(p.g);
     if (p.g.group_in() == 1 && p.g.group_out() == 1 && p.x.elem == Elem::F32 && DepthwiseConv::suitable(depthwise)) {
       p.depthwise.emplace(depthwise);
       const int64_t sums = DirectFinish(p).straight_to_output ? 0 : DepthwiseConv::kChannels * depthwise_band_floats(p);

@@ -21,7 +21,7 @@ constexpr int64_t kLanes = DepthwiseConv::kChannels;
 constexpr int64_t kBandFloats = 16 * 1024;
 
 // Padded input rows that `out_rows` output rows read.
-int64_t input_rows(const DepthwiseGeometry& g, int64_t out_rows) {
+int64_t input_rows(const ConvWindow& g, int64_t out_rows) {
   return (out_rows - 1) * g.stride[0] + (g.kernel[0] - 1) * g.dilation[0] + 1;
 }
 
@@ -37,7 +37,7 @@ struct Band {
 
 // Padded input rows [first, first + rows) of `count` channels as [rows][padded_cols][8]: lane c of column x of row r
 // is channel c's input (first + r - pad_h, x - pad_w), zero outside the input and for channels past `count`.
-__attribute__((target("avx2"))) void interleave_rows(const DepthwiseGeometry& g, int64_t padded_cols, const float* in,
+__attribute__((target("avx2"))) void interleave_rows(const ConvWindow& g, int64_t padded_cols, const float* in,
                                                      int64_t count, Band rows, float* dst) {
   const int64_t height = g.in[0], width = g.in[1], plane = height * width, row_floats = padded_cols * kLanes;
   // Padded columns [x_begin, x_end) lie inside the input.
@@ -71,10 +71,10 @@ __attribute__((target("avx2"))) void interleave_rows(const DepthwiseGeometry& g,
 // Eight output pixels at a time (consecutive in the band's rows, wrapping from one row to the next): per tap, one
 // multiply-add of the eight channels' weights with each pixel's interleaved input; then the 8 x 8 sums are
 // transposed into eight pixels per channel.
-__attribute__((target("avx2,fma"))) void band_avx2(const DepthwiseGeometry& g, int64_t padded_cols,
-                                                   const int64_t* tap_offsets, const float* interleaved,
-                                                   const float* weights, const float* bias, int64_t count, Band band,
-                                                   float low, float high, float* out, int64_t out_channel_stride) {
+__attribute__((target("avx2,fma"))) void band_avx2(const ConvWindow& g, int64_t padded_cols, const int64_t* tap_offsets,
+                                                   const float* interleaved, const float* weights, const float* bias,
+                                                   int64_t count, Band band, float low, float high, float* out,
+                                                   int64_t out_channel_stride) {
   const int64_t taps = g.kernel[0] * g.kernel[1], out_w = g.out[1], total = band.rows * out_w;
   const int64_t row_step = g.stride[0] * padded_cols * kLanes, column_step = g.stride[1] * kLanes;
   const __m256 low_v = _mm256_set1_ps(low), high_v = _mm256_set1_ps(high), bias_v = _mm256_loadu_ps(bias);
@@ -115,7 +115,7 @@ __attribute__((target("avx2,fma"))) void band_avx2(const DepthwiseGeometry& g, i
 
 }  // namespace
 
-bool DepthwiseConv::suitable(const DepthwiseGeometry& g) {
+bool DepthwiseConv::suitable(const ConvWindow& g) {
 #ifdef NPUSIM_DEPTHWISE_X86
   return cpu_features().avx2_fma_f16c() && g.out[1] < 4 * kLanes;
 #else
@@ -124,7 +124,7 @@ bool DepthwiseConv::suitable(const DepthwiseGeometry& g) {
 #endif
 }
 
-DepthwiseConv::DepthwiseConv(const DepthwiseGeometry& g) : g_(g) {
+DepthwiseConv::DepthwiseConv(const ConvWindow& g) : g_(g) {
   if (g.out[0] <= 0 || g.out[1] <= 0) return;
   padded_cols_ = (g.out[1] - 1) * g.stride[1] + (g.kernel[1] - 1) * g.dilation[1] + 1;
   const int64_t row_floats = padded_cols_ * kLanes;

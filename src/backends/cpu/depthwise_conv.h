@@ -5,15 +5,12 @@
 // eight pixels are transposed back into the channels' planes. Every lane does work whatever the plane's width (a
 // 7x7 plane leaves one lane in eight idle with vectors along its rows), and there is no set-up per plane.
 // Output rows go in bands whose interleaved inputs stay in the near caches.
-#include <array>
 #include <cstdint>
 #include <vector>
 
-namespace npusim::cpu {
+#include "backends/cpu/direct_conv.h"
 
-struct DepthwiseGeometry {
-  std::array<int64_t, 2> in{1, 1}, kernel{1, 1}, stride{1, 1}, dilation{1, 1}, pad{0, 0}, out{1, 1};
-};
+namespace npusim::cpu {
 
 class DepthwiseConv {
  public:
@@ -22,9 +19,9 @@ class DepthwiseConv {
   // Whether this CPU runs it (AVX2 and FMA) and it beats the plane-by-plane DirectConv on `g`: output rows
   // narrower than four vectors (on Zen 4, MobileNetV2's 28-column planes 0.10 -> 0.09 ms, 7-column ones 0.10 ->
   // 0.044 ms; rows of 56 and 112 columns ran 7-20% slower than plane by plane, which leaves no lane idle there).
-  static bool suitable(const DepthwiseGeometry& g);
+  static bool suitable(const ConvWindow& g);
 
-  explicit DepthwiseConv(const DepthwiseGeometry& g);
+  explicit DepthwiseConv(const ConvWindow& g);
 
   // Output rows per band, and bands per plane.
   int64_t band_rows() const { return band_rows_; }
@@ -40,7 +37,7 @@ class DepthwiseConv {
                 float high, float* out, int64_t out_channel_stride, float* scratch) const;
 
  private:
-  DepthwiseGeometry g_;
+  ConvWindow g_;
   int64_t band_rows_ = 1;
   int64_t padded_cols_ = 0;           // columns of padded input the taps read
   std::vector<int64_t> tap_offsets_;  // per tap, floats from an output pixel's first interleaved input

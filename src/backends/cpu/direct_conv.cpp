@@ -111,13 +111,12 @@ void DirectConv::fill_phases(const float* in, float* phases, float* row, bool av
   const int64_t columns = std::clamp<int64_t>(padded_width - g_.pad[1], 0, width);
   for (int64_t iy = first_row; iy < last_row; ++iy) {
     const int64_t y = iy + g_.pad[0];
-    float* dst = (sx > 1 ? row : phases + y * row_floats_) + g_.pad[1];
     if (sx == 2 && avx2) {
       split_pairs_avx2(in + iy * width, width, g_.pad[1], row_floats_, phases + y * row_floats_,
                        phases + (rows_ + y) * row_floats_);
       continue;
     }
-    copy_floats(in + iy * width, columns, dst, avx2);
+    copy_floats(in + iy * width, columns, (sx > 1 ? row : phases + y * row_floats_) + g_.pad[1], avx2);
     if (sx == 1) continue;
     for (int64_t r = 0; r < sx; ++r) {
       float* phase = phases + (r * rows_ + y) * row_floats_;
@@ -223,31 +222,17 @@ constexpr int64_t kPanelRows = 6;  // a packed GEMM's A panel
 // weights broadcast against both. The vectors are 16 pixels of one output row, or 8 pixels of two rows.
 __attribute__((target("avx2,fma"))) void panel_tile(int64_t steps, const float* panel, const int64_t* offsets,
                                                     const float* const (&base)[2], __m256 (&sums)[kPanelRows][2]) {
-  __m256 s00 = sums[0][0], s01 = sums[0][1], s10 = sums[1][0], s11 = sums[1][1], s20 = sums[2][0], s21 = sums[2][1];
-  __m256 s30 = sums[3][0], s31 = sums[3][1], s40 = sums[4][0], s41 = sums[4][1], s50 = sums[5][0], s51 = sums[5][1];
+  __m256 s[kPanelRows][2];
+  for (int o = 0; o < kPanelRows; ++o) s[o][0] = sums[o][0], s[o][1] = sums[o][1];
   for (int64_t p = 0; p < steps; ++p, panel += kPanelRows) {
     const __m256 x0 = _mm256_loadu_ps(base[0] + offsets[p]), x1 = _mm256_loadu_ps(base[1] + offsets[p]);
-    __m256 w = _mm256_broadcast_ss(panel + 0);
-    s00 = _mm256_fmadd_ps(w, x0, s00);
-    s01 = _mm256_fmadd_ps(w, x1, s01);
-    w = _mm256_broadcast_ss(panel + 1);
-    s10 = _mm256_fmadd_ps(w, x0, s10);
-    s11 = _mm256_fmadd_ps(w, x1, s11);
-    w = _mm256_broadcast_ss(panel + 2);
-    s20 = _mm256_fmadd_ps(w, x0, s20);
-    s21 = _mm256_fmadd_ps(w, x1, s21);
-    w = _mm256_broadcast_ss(panel + 3);
-    s30 = _mm256_fmadd_ps(w, x0, s30);
-    s31 = _mm256_fmadd_ps(w, x1, s31);
-    w = _mm256_broadcast_ss(panel + 4);
-    s40 = _mm256_fmadd_ps(w, x0, s40);
-    s41 = _mm256_fmadd_ps(w, x1, s41);
-    w = _mm256_broadcast_ss(panel + 5);
-    s50 = _mm256_fmadd_ps(w, x0, s50);
-    s51 = _mm256_fmadd_ps(w, x1, s51);
+    for (int o = 0; o < kPanelRows; ++o) {
+      const __m256 w = _mm256_broadcast_ss(panel + o);
+      s[o][0] = _mm256_fmadd_ps(w, x0, s[o][0]);
+      s[o][1] = _mm256_fmadd_ps(w, x1, s[o][1]);
+    }
   }
-  sums[0][0] = s00, sums[0][1] = s01, sums[1][0] = s10, sums[1][1] = s11, sums[2][0] = s20, sums[2][1] = s21;
-  sums[3][0] = s30, sums[3][1] = s31, sums[4][0] = s40, sums[4][1] = s41, sums[5][0] = s50, sums[5][1] = s51;
+  for (int o = 0; o < kPanelRows; ++o) sums[o][0] = s[o][0], sums[o][1] = s[o][1];
 }
 
 // Vector v of a tile's six sums, clamped, into the first `outs` planes at row oy from column x0 (only the row's

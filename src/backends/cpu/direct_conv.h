@@ -14,8 +14,13 @@
 
 namespace npusim::cpu {
 
-struct DirectConvGeometry {
+// One group's sliding window over a plane: [height, width] of the input, the kernel, strides, dilations, padding
+// before each dimension and the output plane.
+struct ConvWindow {
   std::array<int64_t, 2> in{1, 1}, kernel{1, 1}, stride{1, 1}, dilation{1, 1}, pad{0, 0}, out{1, 1};
+};
+
+struct DirectConvGeometry : ConvWindow {
   int64_t channels = 1;  // input channels of one group
 };
 
