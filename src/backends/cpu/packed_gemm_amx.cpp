@@ -73,7 +73,9 @@ NPUSIM_AMX void amx_configure() {
     config.bytes_per_row[t] = kTileBytes;
     config.rows[t] = 16;
   }
-  _tile_loadconfig(&config);
+  // GCC 12's _tile_loadconfig does not tell the optimizer that it reads the configuration: it dropped the stores
+  // above and loaded stack garbage (a general protection fault on Sapphire Rapids). The operand says so here.
+  asm volatile("ldtilecfg %0" : : "m"(config));
 }
 
 NPUSIM_AMX void amx_release() { _tile_release(); }
