@@ -301,6 +301,20 @@ TEST_P(PackedGemmTest, LastRowsSharedBetweenTwoPanels) {
   check_strided_a({{7, 40, 33}, {8, 17, 9}, {13, 33, 64}, {14, 600, 19}, {128, 49, 300}, {98, 21, 40}});
 }
 
+// The AVX-512 tiles take two A panels (12 rows) at a time while two remain: rows of exactly two panels, two and a
+// partial one, three, and two whose second is partial, against one B panel, one and a partial, and two; with A
+// prepacked and packed during the product, bias and ReLU, over one and two workers.
+TEST_P(PackedGemmTest, TwoAPanelsAtOnce) {
+  for (const int64_t m : {12, 13, 18, 10, 24, 97})
+    for (const int64_t n : {16, 17, 32, 49})
+      for (const Source a : {Source::Packed, Source::Strided}) {
+        check({.m = m, .n = n, .k = 300, .a = a, .b = Source::Strided, .threads = 1});
+        check({.m = m, .n = n, .k = 31, .a = a, .b = Source::Strided, .row_bias = true,
+               .activation = GemmActivation::Relu, .threads = 2});
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
 TEST_P(PackedGemmTest, Epilogues) {
   const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {5, 7, 2}, {31, 17, 100}, {100, 257, 64}};
   for (const auto& [m, n, k] : shapes)

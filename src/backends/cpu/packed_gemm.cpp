@@ -63,6 +63,9 @@ namespace gemm_detail {
 using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c, int64_t ldc,
                             bool accumulate);
 PairKernel avx512_kernel(Elem b_elem, bool pair);  // packed_gemm_avx512.cpp
+using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
+                           float* c, int64_t ldc, bool accumulate);
+RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair);  // the same over two A panels
 using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
                                 int64_t ldc, bool accumulate);
 Bf16PairKernel avx512_bf16_pair_kernel(bool pair);  // packed_gemm_avx512.cpp
@@ -1397,6 +1400,8 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
 #ifdef NPUSIM_GEMM_X86
   const gemm_detail::PairKernel single512 = wide ? gemm_detail::avx512_kernel(b_elem, false) : nullptr;
   const gemm_detail::PairKernel pair512 = wide ? gemm_detail::avx512_kernel(b_elem, true) : nullptr;
+  const gemm_detail::RowsKernel single512_rows12 = wide ? gemm_detail::avx512_rows12_kernel(b_elem, false) : nullptr;
+  const gemm_detail::RowsKernel pair512_rows12 = wide ? gemm_detail::avx512_rows12_kernel(b_elem, true) : nullptr;
 #endif
   const size_t b_es = packed_b ? elem_size(packed_b->elem()) : interleaved_b ? sizeof(uint16_t) : sizeof(float);
 #ifdef NPUSIM_GEMM_X86
@@ -1495,10 +1500,16 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
         for (int64_t jr = 0; jr < cols;) {
           const std::byte* b0 = b_panel(jr);
 #ifdef NPUSIM_GEMM_X86
-          if (wide) {  // two B panels at a time while two remain (the sums buffer is padded to whole panels)
+          // Two B panels at a time while two remain, and two A panels (12 rows) at a time while two remain (the
+          // sums buffer is padded to whole panels).
+          if (wide) {
             const bool pair = cols - jr > NR;
             const std::byte* b1 = pair ? b_panel(jr + NR) : b0;
-            for (int64_t panel = 0; panel < panels; ++panel)
+            int64_t panel = 0;
+            for (; panel + 1 < panels; panel += 2)
+              (pair ? pair512_rows12 : single512_rows12)(depth, a_panel(panel), a_panel(panel + 1), b0, b1,
+                                                         buffers.sums + panel * MR * nc + jr, nc, pc > 0);
+            for (; panel < panels; ++panel)
               (pair ? pair512 : single512)(depth, a_panel(panel), b0, b1, buffers.sums + panel * MR * nc + jr, nc,
                                            pc > 0);
             jr += pair ? 2 * NR : NR;

@@ -6,8 +6,9 @@
 // during the product from a strided matrix (fp32/fp16/bf16) or, for B, straight from a convolution's input
 // (Im2colOperand: no im2col matrix is ever materialized). The product runs on the backend's ThreadPool with packing
 // buffers that PackedGemm reserves per worker in the ScratchSpace when it is planned, so a run allocates nothing.
-// Micro-kernel (chosen at run time by CPU features): 6x32 / 6x16 AVX-512 over one or two B panels, 6x16 AVX2+FMA, or
-// portable C++ (fp32 panels take the AVX2 tile on AMD's AVX-512 CPUs, where it measured faster).
+// Micro-kernel (chosen at run time by CPU features): 6x32 / 6x16 / 12x32 / 12x16 AVX-512 over one or two A and B
+// panels, 6x16 AVX2+FMA, or portable C++ (fp32 panels take the AVX2 tile on AMD's AVX-512 CPUs, where it measured
+// faster).
 //
 // Typical use, at prepare time:   PackedMatrix w = PackedMatrix::pack(GemmSide::B, weight, elem, k, n, k, true);
 //                                 PackedGemm gemm({.m = m, .n = n, .k = k, .b_prepacked = true}, ctx.scratch);

