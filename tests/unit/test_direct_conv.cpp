@@ -148,6 +148,8 @@ TEST(DirectConv, PanelsMatchADirectLoop) {
       {1, 1, 3, 1, 1, 1, 12, 0},    // one pixel
       {3, 70, 3, 1, 1, 1, 5, 0},    // long rows
       {12, 12, 5, 1, 4, 2, 6, 0},   // 5x5 dilated
+      {23, 45, 7, 2, 3, 1, 3, 0},   // a 7x7 stride-2 stem over three channels, rows of 23
+      {5, 33, 3, 1, 1, 1, 5, 0},    // rows of 33: a whole AVX-512 tile of 32 and one pixel
   };
   for (const Case& c : cases)
     for (int64_t outs : {1, 4, 5, 6}) {

@@ -30,7 +30,7 @@ class DirectConv {
 
   // Floats of scratch load_inputs() fills; clear() zeroes them before the first load on them (loads keep the
   // padding zero).
-  int64_t scratch_floats() const { return g_.channels * channel_floats_ + g_.stride[1] * row_floats_ + 8; }
+  int64_t scratch_floats() const { return g_.channels * channel_floats_ + g_.stride[1] * row_floats_ + 64; }
   void clear(float* scratch) const;
 
   // Copies the group's `channels` input planes ([channels][in_h][in_w], contiguous) into `scratch`. `vectors` false
@@ -52,6 +52,8 @@ class DirectConv {
   void fill_phases(const float* in, float* phases, float* row, bool avx2) const;
   void rows_portable(const float* scratch, const float* weights, float bias, float low, float high, float* out) const;
   void rows_avx2(const float* scratch, const float* weights, float bias, float low, float high, float* out) const;
+  void panel_rows_avx512(const float* scratch, const float* panel, int64_t outs, const float* bias, float low,
+                         float high, float* out, int64_t out_stride) const;
 
   DirectConvGeometry g_;
   int64_t rows_ = 0;                  // rows of a padded plane the taps read
