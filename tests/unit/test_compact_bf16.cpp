@@ -13,6 +13,7 @@
 
 #include "backends/cpu/compact_bf16.h"
 #include "backends/cpu/gemv.h"
+#include "core/cpu_features.h"
 #include "gemv_isas.h"
 #include "npusim/error.h"
 #include "random_values.h"
@@ -217,6 +218,57 @@ TEST_F(CompactBf16, ProductsWithEscapesMatchTheBf16Product) {
       }
     }
   }
+}
+
+// Each vector kernel the CPU has, called directly whichever one the GEMV picks here: one row and a group of rows at
+// a time, rows in order and interleaved, against a double-precision product of the bf16 values.
+TEST_F(CompactBf16, EachVectorKernelMatchesTheProduct) {
+  const CpuFeatures& cpu = cpu_features();
+  if (!cpu.avx2_fma_f16c()) GTEST_SKIP() << "needs AVX2";
+  const bool pairs = cpu.avx512() && cpu.avx512bf16;
+  for (int64_t k : {64, 1543, 4100})
+    for (int64_t interleave : {int64_t{1}, int64_t{kGemvLongRowGroup}}) {
+      const int64_t n = 2 * kGemvLongRowGroup;
+      std::vector<uint16_t> bits = weight_bits(n, k, static_cast<uint32_t>(k + interleave), false);
+      for (size_t i = 3; i < bits.size(); i += 211) bits[i] = i % 2 ? uint16_t{0x0003} : uint16_t{0x8000};  // escapes
+      const auto w = compact_bf16(bits.data(), n, k, nullptr, 1.0, interleave);
+      ASSERT_NE(w, nullptr);
+      const auto [x, x_bf16] = bf16_activations(k, static_cast<uint32_t>(k));
+      const int64_t padded = w->blocks() * kCompactBlock;
+      std::vector<float> x_floats(static_cast<size_t>(padded));
+      std::vector<uint16_t> x_pairs(static_cast<size_t>(padded));
+      order_for_avx2(x.data(), k, x_floats.data());
+      order_for_avx512(x_bf16.data(), k, x_pairs.data());
+      for (int64_t j = 0; j < n; j += kGemvLongRowGroup) {
+        float one[kGemvLongRowGroup], group[kGemvLongRowGroup], one_pairs[kGemvLongRowGroup],
+            group_pairs[kGemvLongRowGroup];
+        for (int r = 0; r < kGemvLongRowGroup; ++r) {
+          float out[1];
+          compact_dots_avx2<1>(*w, j + r, x_floats.data(), x.data(), out);
+          one[r] = out[0];
+          if (pairs) compact_dots_avx512<1>(*w, j + r, x_pairs.data(), x.data(), out);
+          one_pairs[r] = pairs ? out[0] : one[r];
+        }
+        compact_dots_avx2<kGemvLongRowGroup>(*w, j, x_floats.data(), x.data(), group);
+        if (pairs) compact_dots_avx512<kGemvLongRowGroup>(*w, j, x_pairs.data(), x.data(), group_pairs);
+        for (int r = 0; r < kGemvLongRowGroup; ++r) {
+          double sum = 0.0, magnitude = 0.0;
+          for (int64_t t = 0; t < k; ++t) {
+            const double term = static_cast<double>(x[static_cast<size_t>(t)]) *
+                                bf16_bits_to_float(bits[static_cast<size_t>((j + r) * k + t)]);
+            sum += term;
+            magnitude += std::fabs(term);
+          }
+          const std::string label =
+              "k=" + std::to_string(k) + " interleave " + std::to_string(interleave) + " row " + std::to_string(j + r);
+          ASSERT_NEAR(one[r], sum, 1e-5 * magnitude + 1e-30) << label;
+          ASSERT_NEAR(group[r], sum, 1e-5 * magnitude + 1e-30) << label;
+          if (!pairs) continue;
+          ASSERT_NEAR(one_pairs[r], sum, 1e-5 * magnitude + 1e-30) << label;
+          ASSERT_NEAR(group_pairs[r], sum, 1e-5 * magnitude + 1e-30) << label;
+        }
+      }
+    }
 }
 
 TEST_F(CompactBf16, RejectsAMismatchedView) {

@@ -217,9 +217,12 @@ int64_t CompactBf16Weight::stored_bytes() const {
                               escape_at.size() * sizeof(int64_t));
 }
 
-int64_t compact_interleave(int64_t k) {
-  return k >= kGemvLongRow && gemv_isa() == GemvIsa::Avx512 && cpu_features().avx512bf16 ? kGemvLongRowGroup : 1;
+bool compact_bf16_pairs() {
+  const CpuFeatures& cpu = cpu_features();
+  return gemv_isa() == GemvIsa::Avx512 && cpu.avx512bf16 && cpu.amd;
 }
+
+int64_t compact_interleave(int64_t k) { return k >= kGemvLongRow && compact_bf16_pairs() ? kGemvLongRowGroup : 1; }
 
 std::shared_ptr<const CompactBf16Weight> compact_bf16(const uint16_t* bits, int64_t n, int64_t k, ThreadPool* pool,
                                                       double escape_share, int64_t interleave) {

@@ -839,7 +839,7 @@ Activations prepare_activations([[maybe_unused]] const GemvProblem& p) {
   if (p.weight.type == GemvWeightType::CompactBF16) {
     if (p.m != 1) return prepared;
     const int64_t padded = p.weight.compact->blocks() * kCompactBlock;
-    if (isa == GemvIsa::Avx512 && cpu_features().avx512bf16 && p.x_bf16) {
+    if (compact_bf16_pairs() && p.x_bf16) {
       scratch.ordered_bf16.resize(static_cast<size_t>(padded));
       order_for_avx512(p.x_bf16, p.weight.k, scratch.ordered_bf16.data());
       prepared.compact_bf16 = scratch.ordered_bf16.data();
