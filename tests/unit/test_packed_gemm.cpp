@@ -309,8 +309,14 @@ TEST_P(PackedGemmTest, TwoAPanelsAtOnce) {
     for (const int64_t n : {16, 17, 32, 49})
       for (const Source a : {Source::Packed, Source::Strided}) {
         check({.m = m, .n = n, .k = 300, .a = a, .b = Source::Strided, .threads = 1});
-        check({.m = m, .n = n, .k = 31, .a = a, .b = Source::Strided, .row_bias = true,
-               .activation = GemmActivation::Relu, .threads = 2});
+        check({.m = m,
+               .n = n,
+               .k = 31,
+               .a = a,
+               .b = Source::Strided,
+               .row_bias = true,
+               .activation = GemmActivation::Relu,
+               .threads = 2});
         if (testing::Test::HasFailure()) return;
       }
 }

@@ -293,10 +293,10 @@ bool DirectConv::panels_supported() { return cpu_features().avx2_fma_f16c(); }
 
 // Tiles of 32 pixels of one row (the last tile of a row reads into the row's slack, or the next row, and stores only
 // the row's pixels). ResNet's 7x7 stem on a Sapphire Rapids core: 1.89 -> 1.44 ms.
-__attribute__((target("avx512f,avx2,fma"))) void DirectConv::panel_rows_avx512(const float* scratch,
-                                                                              const float* panel, int64_t outs,
-                                                                              const float* bias, float low, float high,
-                                                                              float* out, int64_t out_stride) const {
+__attribute__((target("avx512f,avx2,fma"))) void DirectConv::panel_rows_avx512(const float* scratch, const float* panel,
+                                                                               int64_t outs, const float* bias,
+                                                                               float low, float high, float* out,
+                                                                               int64_t out_stride) const {
   constexpr int kVectors = 2;
   constexpr int64_t kTile = 16 * kVectors;
   const int64_t out_h = g_.out[0], out_w = g_.out[1], steps = static_cast<int64_t>(step_offsets_.size());
@@ -324,7 +324,8 @@ __attribute__((target("avx512f,avx2,fma"))) void DirectConv::panel_rows_avx512(c
 __attribute__((target("avx2,fma"))) void DirectConv::compute_panel(const float* scratch, const float* panel,
                                                                    int64_t outs, const float* bias, float low,
                                                                    float high, float* out, int64_t out_stride) const {
-  if (panel_rows_avx512_pay(g_.out[1])) return panel_rows_avx512(scratch, panel, outs, bias, low, high, out, out_stride);
+  if (panel_rows_avx512_pay(g_.out[1]))
+    return panel_rows_avx512(scratch, panel, outs, bias, low, high, out, out_stride);
   const int64_t out_h = g_.out[0], out_w = g_.out[1], steps = static_cast<int64_t>(step_offsets_.size());
   const int64_t row_step = g_.stride[0] * row_floats_;
   const bool two_rows = out_w <= kLanes;

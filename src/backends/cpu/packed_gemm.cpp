@@ -64,7 +64,7 @@ using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, con
                             bool accumulate);
 PairKernel avx512_kernel(Elem b_elem, bool pair);  // packed_gemm_avx512.cpp
 using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
-                           float* c, int64_t ldc, bool accumulate);
+                            float* c, int64_t ldc, bool accumulate);
 RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair);  // the same over two A panels
 using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
                                 int64_t ldc, bool accumulate);

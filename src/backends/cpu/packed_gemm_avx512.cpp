@@ -146,7 +146,7 @@ PairKernel avx512_kernel(Elem b_elem, bool pair) {
 }
 
 using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
-                           float* c, int64_t ldc, bool accumulate);
+                            float* c, int64_t ldc, bool accumulate);
 
 // The same over two A panels (12 rows).
 RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair) {
