@@ -11,6 +11,8 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+#include "backends/cpu/compact_bf16_avx2.h"
 #define NPUSIM_COMPACT_X86 1
 #endif
 
@@ -38,16 +40,18 @@ int code_of(uint16_t bits, int low) {
   return ((bits >> 15) << 11) | (offset << 7) | (bits & 0x7F);
 }
 
+// The code's low byte in the block's byte t, its high nibble (sign, offset >> 1) in the nibble bytes: low nibbles
+// for values 0..31, high ones for values 32..63.
 void put_code(uint8_t* block, int64_t t, int code) {
-  block[t] = static_cast<uint8_t>(code >> 4);
+  block[t] = static_cast<uint8_t>(code & 0xFF);
   uint8_t& nibbles = block[kCompactBlock + t % kNibbleBytes];
   const int shift = t < kNibbleBytes ? 0 : 4;
-  nibbles = static_cast<uint8_t>((nibbles & ~(0xF << shift)) | ((code & 0xF) << shift));
+  nibbles = static_cast<uint8_t>((nibbles & ~(0xF << shift)) | ((code >> 8) << shift));
 }
 
 int code_at(const uint8_t* block, int64_t t) {
   const int nibble = (block[kCompactBlock + t % kNibbleBytes] >> (t < kNibbleBytes ? 0 : 4)) & 0xF;
-  return (block[t] << 4) | nibble;
+  return (nibble << 8) | block[t];
 }
 
 // Encodes values [begin, k) of row `row` into its codes `out` (zeroed blocks, `stride` bytes apart) and appends
@@ -121,13 +125,13 @@ void encode_block_avx2(const uint16_t* values, int64_t base, __m256i low, uint8_
       escapes.push_back({static_cast<uint32_t>(base + t), bf16_bits_to_float(values[t])});
     }
   }
-  const __m256i nibble = _mm256_set1_epi16(0xF);
+  const __m256i byte = _mm256_set1_epi16(0xFF);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      bytes_of(_mm256_srli_epi16(codes[0], 4), _mm256_srli_epi16(codes[1], 4)));
+                      bytes_of(_mm256_and_si256(codes[0], byte), _mm256_and_si256(codes[1], byte)));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32),
-                      bytes_of(_mm256_srli_epi16(codes[2], 4), _mm256_srli_epi16(codes[3], 4)));
-  const __m256i low_nibbles = bytes_of(_mm256_and_si256(codes[0], nibble), _mm256_and_si256(codes[1], nibble));
-  const __m256i high_nibbles = bytes_of(_mm256_and_si256(codes[2], nibble), _mm256_and_si256(codes[3], nibble));
+                      bytes_of(_mm256_and_si256(codes[2], byte), _mm256_and_si256(codes[3], byte)));
+  const __m256i low_nibbles = bytes_of(_mm256_srli_epi16(codes[0], 8), _mm256_srli_epi16(codes[1], 8));
+  const __m256i high_nibbles = bytes_of(_mm256_srli_epi16(codes[2], 8), _mm256_srli_epi16(codes[3], 8));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + kCompactBlock),
                       _mm256_or_si256(low_nibbles, _mm256_slli_epi16(high_nibbles, 4)));
 }
@@ -141,34 +145,13 @@ void encode_row_avx2(const uint16_t* row, int64_t k, int top, uint8_t* out, int6
   encode_row_portable(row, whole * kCompactBlock, k, top, out, stride, escapes);
 }
 
-// The four vectors of 16 codes of a block, each lane code << 4: values [0..7, 16..23], [8..15, 24..31],
-// [32..39, 48..55], [40..47, 56..63].
-inline __attribute__((always_inline)) void block_lanes(const uint8_t* block, __m256i (&lanes)[4]) {
-  const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCompactBlock));
-  const __m256i high_mask = _mm256_set1_epi8(static_cast<char>(0xF0));
-  const __m256i first = _mm256_and_si256(_mm256_slli_epi16(nibbles, 4), high_mask);
-  const __m256i second = _mm256_and_si256(nibbles, high_mask);
-  const __m256i high0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
-  const __m256i high1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
-  lanes[0] = _mm256_unpacklo_epi8(first, high0);
-  lanes[1] = _mm256_unpackhi_epi8(first, high0);
-  lanes[2] = _mm256_unpacklo_epi8(second, high1);
-  lanes[3] = _mm256_unpackhi_epi8(second, high1);
-}
-
-// code << 4 to sign << 15 | d << 7 | mantissa.
-inline __attribute__((always_inline)) __m256i sign_offset_mantissa(__m256i lane) {
-  return _mm256_and_si256(_mm256_srai_epi16(lane, 4), _mm256_set1_epi16(static_cast<int16_t>(0x87FF)));
-}
-
 void decode_row_avx2(const uint8_t* codes, int64_t stride, int64_t k, int top, uint16_t* out) {
-  const __m256i exponent = _mm256_set1_epi16(static_cast<int16_t>((top - (kCompactWindow - 1)) << 7));
+  // The words carry the exponent base 112; the row's is top - (kCompactWindow - 1).
+  const __m256i rebase = _mm256_set1_epi16(static_cast<int16_t>((top - (kCompactWindow - 1) - 112) * 128));
   const int64_t whole = k / kCompactBlock;
   for (int64_t b = 0; b < whole; ++b) {
-    __m256i lanes[4];
-    block_lanes(codes + b * stride, lanes);
     __m256i bits[4];
-    for (int q = 0; q < 4; ++q) bits[q] = _mm256_add_epi16(sign_offset_mantissa(lanes[q]), exponent);
+    for (int q = 0; q < 4; ++q) bits[q] = _mm256_add_epi16(compact_block_words(codes + b * stride, q), rebase);
     auto* dst = reinterpret_cast<__m256i*>(out + b * kCompactBlock);
     _mm256_storeu_si256(dst, _mm256_permute2x128_si256(bits[0], bits[1], 0x20));
     _mm256_storeu_si256(dst + 1, _mm256_permute2x128_si256(bits[0], bits[1], 0x31));

@@ -7,8 +7,11 @@
 // once, and each value its sign, its exponent as an offset d = e - (E - 15) in 0..15, and its 7 mantissa bits:
 // code = sign << 11 | d << 7 | mantissa. A value outside the row's 16 binades (zero, subnormals, tiny values,
 // Inf, NaN) is an escape: it keeps code 0 and its exact value in the row's escape list. Rows are split in blocks
-// of 64 values stored in 96 bytes: the 64 codes' high bytes (code >> 4), then 32 bytes of low nibbles (byte t:
-// value t in its low nibble, value t + 32 in its high one). The last block of a row is padded with code 0.
+// of 64 values stored in 96 bytes: the 64 codes' low bytes (code & 0xFF: the offset's low bit and the mantissa),
+// then 32 bytes of high nibbles (code >> 8: the sign and the offset's top three bits; byte t: value t in its low
+// nibble, value t + 32 in its high one). The last block of a row is padded with code 0. A low byte is the decoded
+// bf16 word's low byte as it is, and a 16-entry byte table turns a nibble into its high byte, so that vector
+// decoders take a block apart in one shuffle per 32 values (compact_bf16_avx2.h).
 //
 // A code decodes without the row's exponent to bf16 bits sign << 15 | (112 + d) << 7 | mantissa, the value times
 // 2^(127 - E): products sum those and scale the row's sum by 2^(E - 127) exactly, then add what the escapes differ

@@ -1,5 +1,5 @@
 // One activation row against rows of a compact bf16 weight (see compact_bf16.h). A block's 96 bytes decode in a
-// few byte interleaves and shifts, in the order those leave the values in: vector q of the AVX2 decoder holds the
+// table lookup and byte interleaves, in the order those leave the values in: vector q of the AVX2 decoder holds the
 // values S_q = [0..7, 16..23], [8..15, 24..31], [32..39, 48..55], [40..47, 56..63] of the block (q = 0..3); the
 // AVX-512 decoder holds S_0 then S_2 in one vector and S_1 then S_3 in the other. The activations are put in that
 // order once per product, so the weights are never reordered.
@@ -10,6 +10,8 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+#include "backends/cpu/compact_bf16_avx2.h"
 #define NPUSIM_COMPACT_X86 1
 #endif
 
@@ -87,28 +89,18 @@ void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 
-// The AVX2 kernel prefetches for one row (measured 2-8% faster on one Zen 4 thread), not for a group (30% slower
-// with); the AVX-512 one leaves its streams to the hardware (software prefetches measured 8-12% slower for one row
-// there, 5-10% for four rows of 8960 values, on one and two threads). Eight blocks ahead: 768 bytes in a row whose
-// blocks follow each other.
-constexpr int64_t kPrefetchBlocks = 8;
-
-// Vector q (0..3) of a block's codes, each 16-bit lane code << 4: values [0..7, 16..23], [8..15, 24..31],
-// [32..39, 48..55], [40..47, 56..63].
-inline __attribute__((always_inline)) __m256i block_lane(const uint8_t* block, int q) {
-  const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCompactBlock));
-  const __m256i high_mask = _mm256_set1_epi8(static_cast<char>(0xF0));
-  const __m256i low = _mm256_and_si256(q < 2 ? _mm256_slli_epi16(nibbles, 4) : nibbles, high_mask);
-  const __m256i high = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * (q / 2)));
-  return q % 2 == 0 ? _mm256_unpacklo_epi8(low, high) : _mm256_unpackhi_epi8(low, high);
-}
+// The AVX2 kernel prefetches for one row, not for a group (30% slower with); the AVX-512 one leaves its streams to
+// the hardware (software prefetches measured 8-12% slower for one row there, 5-10% for four rows of 8960 values, on
+// one and two threads). Four blocks ahead (384 bytes in a row whose blocks follow each other): a Qwen2.5-1.5B-shaped
+// decode step on one Zen 4 thread (AVX2) ran at 10.0-10.9 tokens/s with two to four blocks, 9.0-9.6 with six or
+// eight, 5.6-5.9 with none.
+constexpr int64_t kPrefetchBlocks = 4;
 
 template <int R>
 void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ordered, const float* x, float (&out)[R]) {
   const uint8_t* codes[R];
   for (int r = 0; r < R; ++r) codes[r] = w.row_codes(j + r);
   const int64_t stride = w.block_stride(j);
-  const __m256i keep = _mm256_set1_epi16(static_cast<int16_t>(0x87FF)), exponent = _mm256_set1_epi16(0x3800);
   const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   // One row keeps four chains of multiply-adds in flight; a group one chain per row (the registers hold no more).
   constexpr int kChains = R == 1 ? 4 : 1;
@@ -124,17 +116,16 @@ void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ord
     const float* xb = x_ordered + b * kCompactBlock;
     // One row decodes its block's four vectors at once (10-20% faster than one at a time); a group decodes each
     // row's vector q where it is used, which keeps the registers for the group's sums.
-    [[maybe_unused]] __m256i lanes[4];
+    [[maybe_unused]] __m256i words[4];
     if constexpr (R == 1)
-      for (int q = 0; q < 4; ++q) lanes[q] = block_lane(codes[0] + b * stride, q);
+      for (int q = 0; q < 4; ++q) words[q] = compact_block_words(codes[0] + b * stride, q);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) {
       const __m256 x_even = _mm256_loadu_ps(xb + 16 * q), x_odd = _mm256_loadu_ps(xb + 16 * q + 8);
       const int even_chain = R == 1 ? q & 1 : 0, odd_chain = R == 1 ? 2 + (q & 1) : 0;
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m256i lane = R == 1 ? lanes[q] : block_lane(codes[r] + b * stride, q);
-        const __m256i bits = _mm256_or_si256(_mm256_and_si256(_mm256_srai_epi16(lane, 4), keep), exponent);
+        const __m256i bits = R == 1 ? words[q] : compact_block_words(codes[r] + b * stride, q);
         acc[r][even_chain] =
             _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), x_even, acc[r][even_chain]);
         acc[r][odd_chain] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(bits, odd)), x_odd, acc[r][odd_chain]);
@@ -171,11 +162,11 @@ void compact_dots_avx512(const CompactBf16Weight& w, int64_t j, const uint16_t* 
   const uint8_t* codes[R];
   for (int r = 0; r < R; ++r) codes[r] = w.row_codes(j + r);
   const int64_t stride = w.block_stride(j);
-  // The nibble bytes go to both halves; the lower half's are shifted into the high nibble (values 0..31), the
-  // upper half's are in place (values 32..63).
-  const __m512i shifts = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_setzero_si256(), 1);
-  const __m512i high_mask = _mm512_set1_epi8(static_cast<char>(0xF0));
-  const __m512i keep = _mm512_set1_epi16(static_cast<int16_t>(0x87FF)), exponent = _mm512_set1_epi16(0x3800);
+  // The nibble bytes go to both halves: the lower half's low nibbles (values 0..31), the upper half's high ones
+  // (values 32..63), each through the table to its value's high byte.
+  const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(compact_high_byte_table()));
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const int64_t blocks = w.blocks();
@@ -186,15 +177,12 @@ void compact_dots_avx512(const CompactBf16Weight& w, int64_t j, const uint16_t* 
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const uint8_t* block = codes[r] + b * stride;
-      const __m512i high = _mm512_loadu_si512(block);
+      const __m512i low = _mm512_loadu_si512(block);
       const __m512i nibbles =
           _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCompactBlock)));
-      const __m512i low = _mm512_and_si512(_mm512_sllv_epi16(nibbles, shifts), high_mask);
-      // (a & keep) | exponent: sign, offset and mantissa under the fixed exponent base 112.
-      const __m512i a =
-          _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_unpacklo_epi8(low, high), 4), keep, exponent, 0xEA);
-      const __m512i c =
-          _mm512_ternarylogic_epi32(_mm512_srai_epi16(_mm512_unpackhi_epi8(low, high), 4), keep, exponent, 0xEA);
+      const __m512i high = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srlv_epi16(nibbles, shifts), nibble));
+      // Sign, offset and mantissa under the fixed exponent base 112.
+      const __m512i a = _mm512_unpacklo_epi8(low, high), c = _mm512_unpackhi_epi8(low, high);
       acc[r][0] = _mm512_dpbf16_ps(acc[r][0], reinterpret_cast<__m512bh>(a), x0);
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], reinterpret_cast<__m512bh>(c), x1);
     }
