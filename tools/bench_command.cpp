@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <thread>
 
@@ -31,6 +32,8 @@ const std::vector<OptionSpec> kBenchOnlyOptions = {
     {"warmup", true, "N: untimed runs first (default 3; with --model: single-token steps, default 2)"},
     {"json", false, "end with one JSON object (min_ms, median_ms, max_ms, gflops, gbps, ...) on the last line"},
     {"no-probe", false, "skip the machine probe (no efficiency against peak bandwidth and FLOP/s)"},
+    {"profile", false,
+     "graphs: after the timed runs, as many profiled ones; per kernel its fastest time, by op: calls, share, GB/s"},
     {"help", false, "show this help"},
 };
 
@@ -109,7 +112,7 @@ void reject_model_options(const Args& args) {
 
 void reject_graph_options(const Args& args) {
   for (const char* name : {"weights", "config", "random-weights", "inputs", "input", "random-inputs", "disable",
-                           "no-fallback", "pack-cache"})
+                           "no-fallback", "pack-cache", "profile"})
     if (args.flag(name)) fail(std::string("npusim bench: option '--") + name + "' applies to graphs, not to --model");
   if (!args.positionals().empty()) fail("npusim bench: --model takes no graph or program file");
 }
@@ -137,6 +140,16 @@ int bench_graph(const Args& args) {
     ms.push_back(elapsed_ms(start));
   }
   const Spread latency = spread_of(ms);
+  // Profiled apart from the timed runs, which the kernel timers would slow.
+  std::optional<RunProfile> fastest;
+  if (args.flag("profile")) {
+    model.executor->set_profiling(true);
+    for (int64_t i = 0; i < iters; ++i) {
+      prepared->run(inputs);
+      fastest = fastest ? fastest_of(*fastest, model.executor->last_profile()) : model.executor->last_profile();
+    }
+    model.executor->set_profiling(false);
+  }
 
   double flops = 0;
   int64_t bytes = 0;
@@ -157,6 +170,9 @@ int bench_graph(const Args& args) {
   print_efficiency(peak, gbps, gflops);
   const PrepareCost cost = prepared->prepare_cost();
   for (const std::string& note : cost.notes) std::printf("pack cache: %s\n", note.c_str());
+  if (fastest)
+    std::printf("\nper kernel, its fastest of %lld profiled runs:\n%s", static_cast<long long>(iters),
+                format_profile(*fastest).c_str());
   if (args.flag("json")) {
     nlohmann::json json = {{"file", path},
                            {"kernels", program.graph.nodes.size()},

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "npusim/error.h"
 #include "ops/op_util.h"
 
 namespace npusim {
@@ -65,6 +66,26 @@ double kernel_flops(const Graph& graph, const Node& node) {
     return 2.0 * keys * (static_cast<double>(shape_numel(input_shape(0))) + out_elements);
   }
   return 0.0;
+}
+
+RunProfile fastest_of(const RunProfile& a, const RunProfile& b) {
+  if (a.kernels.size() != b.kernels.size() || a.partitions.size() != b.partitions.size() ||
+      a.transfers.size() != b.transfers.size())
+    fail("profiles of different programs: " + std::to_string(a.kernels.size()) + " and " +
+         std::to_string(b.kernels.size()) + " kernels");
+  RunProfile fastest = a;
+  for (size_t i = 0; i < a.kernels.size(); ++i) {
+    if (a.kernels[i].node != b.kernels[i].node)
+      fail("profiles of different programs: kernel " + std::to_string(i) + " is '" + a.kernels[i].node + "' and '" +
+           b.kernels[i].node + "'");
+    fastest.kernels[i].duration_us = std::min(a.kernels[i].duration_us, b.kernels[i].duration_us);
+  }
+  for (size_t i = 0; i < a.partitions.size(); ++i)
+    fastest.partitions[i].duration_us = std::min(a.partitions[i].duration_us, b.partitions[i].duration_us);
+  for (size_t i = 0; i < a.transfers.size(); ++i)
+    fastest.transfers[i].duration_us = std::min(a.transfers[i].duration_us, b.transfers[i].duration_us);
+  fastest.total_us = std::min(a.total_us, b.total_us);
+  return fastest;
 }
 
 std::string format_profile(const RunProfile& profile) {

@@ -46,6 +46,11 @@ struct RunProfile {
   double total_us = 0.0;
 };
 
+// Two profiles of the same program with each kernel's, partition's and transfer's shorter duration and the shorter
+// total (starts stay the first profile's): what every kernel takes at best over several runs. Fails when the two
+// profiles are not of the same program's kernels.
+RunProfile fastest_of(const RunProfile& a, const RunProfile& b);
+
 // Bytes a kernel reads and writes: every input and output as the program stores it; 0 for a node whose output
 // is planned as a view (no kernel copies anything).
 int64_t kernel_bytes(const Graph& graph, const Node& node, const compiler::MemoryPlan& plan, DType compute_dtype);

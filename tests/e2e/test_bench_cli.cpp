@@ -178,6 +178,19 @@ TEST(BenchCli, IsaCapChoosesOlderKernels) {
       << bad.output;
 }
 
+TEST(BenchCli, ProfileGivesEachKernelsFastestTime) {
+  const auto result = test::run_command(cli() + " bench " + tiny_graph() +
+                                        " --random-weights 1 --random-inputs 2 --iters 3 --warmup 0 --threads 1"
+                                        " --no-probe --profile --json");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("per kernel, its fastest of 3 profiled runs"), std::string::npos) << result.output;
+  for (const char* row : {"linear ", "relu ", "total "})
+    EXPECT_NE(result.output.find(std::string("\n") + row), std::string::npos) << row << "\n" << result.output;
+  const nlohmann::json json = nlohmann::json::parse(last_line(result.output), nullptr, false);
+  ASSERT_TRUE(json.is_object()) << "the JSON object is no longer the last line:\n" << result.output;
+  expect_ordered_times(json);
+}
+
 TEST(BenchCli, BadFlagsNameTheFlag) {
   const std::string graph = tiny_graph();
   expect_clean_failure(graph + " --random-weights 1 --random-inputs 2 --frobnicate", "unknown option '--frobnicate'");
@@ -191,6 +204,7 @@ TEST(BenchCli, BadFlagsNameTheFlag) {
   const std::string tiny_model = kFixtures + "/qwen_tiny";
   expect_clean_failure("--model " + tiny_model + " --weights w.safetensors", "'--weights' applies to graphs");
   expect_clean_failure("--model " + tiny_model + " " + graph, "--model takes no graph");
+  expect_clean_failure("--model " + tiny_model + " --profile", "'--profile' applies to graphs");
   expect_clean_failure("--model " + tiny_model + " --prompt-tokens 0", "'--prompt-tokens'");
   expect_clean_failure("--model " + tiny_model + " --dtype int8", "--dtype must be");
   expect_clean_failure("--model " + tiny_model + " --ctx 16 --prompt-tokens 12 --gen-tokens 8", "--ctx");

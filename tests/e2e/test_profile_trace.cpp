@@ -13,6 +13,7 @@
 #include "compiler/compile.h"
 #include "e2e_util.h"
 #include "ir/torch_ir_reader.h"
+#include "npusim/error.h"
 #include "runtime/dag_executor.h"
 #include "runtime/profiler.h"
 #include "runtime/random_fill.h"
@@ -259,6 +260,42 @@ TEST(ProfileTrace, KernelEventsNestInTheirPartition) {
     EXPECT_LE(event["ts"].get<double>() + event["dur"].get<double>(), end + 1e-6) << event.dump();
   }
   EXPECT_EQ(kernels, static_cast<int>(program.graph.nodes.size()));
+}
+
+}  // namespace
+}  // namespace npusim
+
+namespace npusim {
+namespace {
+
+RunProfile two_kernels(double first_us, double second_us, double transfer_us) {
+  RunProfile profile;
+  profile.partitions = {
+      {.label = "p0", .backend = "cpu", .duration_us = first_us + second_us + transfer_us, .kernels = 2}};
+  profile.kernels = {{.node = "conv", .op = "conv2d", .duration_us = first_us},
+                     {.node = "relu", .op = "relu", .start_us = first_us, .duration_us = second_us}};
+  profile.transfers = {{.value = "x", .duration_us = transfer_us}};
+  profile.total_us = first_us + second_us + transfer_us;
+  return profile;
+}
+
+TEST(ProfileTrace, FastestOfKeepsEachKernelsShorterTime) {
+  const RunProfile fastest = fastest_of(two_kernels(10.0, 3.0, 2.0), two_kernels(7.0, 5.0, 1.0));
+  ASSERT_EQ(fastest.kernels.size(), 2u);
+  EXPECT_EQ(fastest.kernels[0].duration_us, 7.0);
+  EXPECT_EQ(fastest.kernels[1].duration_us, 3.0);
+  EXPECT_EQ(fastest.kernels[1].node, "relu");
+  EXPECT_EQ(fastest.transfers[0].duration_us, 1.0);
+  EXPECT_EQ(fastest.partitions[0].duration_us, 13.0);
+  EXPECT_EQ(fastest.total_us, 13.0);
+}
+
+TEST(ProfileTrace, FastestOfRefusesProfilesOfOtherPrograms) {
+  RunProfile other = two_kernels(1.0, 1.0, 1.0);
+  other.kernels[1].node = "sigmoid";
+  EXPECT_THROW(fastest_of(two_kernels(1.0, 1.0, 1.0), other), Error);
+  other.kernels.pop_back();
+  EXPECT_THROW(fastest_of(two_kernels(1.0, 1.0, 1.0), other), Error);
 }
 
 }  // namespace
