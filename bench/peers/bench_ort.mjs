@@ -5,15 +5,7 @@
 //
 // One session per thread count (intra-op threads N, inter-op 1, sequential execution, all graph optimizations);
 // prints one JSON object per line: threads, min_ms, median_ms, max_ms, and max_abs_diff against the reference.
-import { createRequire } from 'node:module';
-import { readFileSync } from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-
-const here = path.dirname(fileURLToPath(import.meta.url));
-const peersDir = process.env.PEERS_DIR ?? path.join(here, '..', '..', 'build-peers');
-const require = createRequire(path.join(peersDir, 'ort', 'package.json'));
-const ort = require('onnxruntime-node');
+import { ort, readFeeds, readSafetensors } from './ort_common.mjs';
 
 function parseArgs(argv) {
   const options = { threads: [1, 2], iters: 20, warmup: 3, reference: null, positionals: [] };
@@ -32,23 +24,6 @@ function parseArgs(argv) {
   }
   if (options.positionals.length !== 2) throw new Error('expected MODEL.onnx INPUTS.safetensors');
   return options;
-}
-
-// float32 tensors of a safetensors file, by name.
-function readSafetensors(file) {
-  const bytes = readFileSync(file);
-  const headerLength = Number(bytes.readBigUInt64LE(0));
-  const header = JSON.parse(bytes.subarray(8, 8 + headerLength).toString('utf8'));
-  const tensors = {};
-  for (const [name, entry] of Object.entries(header)) {
-    if (name === '__metadata__') continue;
-    if (entry.dtype !== 'F32') throw new Error(`${file}: ${name} is ${entry.dtype}, expected F32`);
-    const [begin, end] = entry.data_offsets;
-    const data = new Float32Array((end - begin) / 4);
-    Buffer.from(data.buffer).set(bytes.subarray(8 + headerLength + begin, 8 + headerLength + end));
-    tensors[name] = { shape: entry.shape, data };
-  }
-  return tensors;
 }
 
 async function timeSession(modelPath, feeds, threads, options) {
@@ -88,9 +63,7 @@ async function main() {
   if (process.env.ORT_DISABLE_TELEMETRY !== '1') throw new Error('run with ORT_DISABLE_TELEMETRY=1');
   const options = parseArgs(process.argv.slice(2));
   const [modelPath, inputsPath] = options.positionals;
-  const feeds = {};
-  for (const [name, tensor] of Object.entries(readSafetensors(inputsPath)))
-    feeds[name] = new ort.Tensor('float32', tensor.data, tensor.shape);
+  const feeds = readFeeds(inputsPath);
   for (const threads of options.threads)
     console.log(JSON.stringify(await timeSession(modelPath, feeds, threads, options)));
 }

@@ -5,16 +5,11 @@
 //
 // Same session options as bench_ort.mjs (CPU provider, intra-op threads N, sequential, all graph optimizations).
 // Prints one line per node: name, op type, minimum ms; then the sum of the minima.
-import { createRequire } from 'node:module';
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const peersDir = process.env.PEERS_DIR ?? path.join(here, '..', '..', 'build-peers');
-const require = createRequire(path.join(peersDir, 'ort', 'package.json'));
-const ort = require('onnxruntime-node');
+import { ort, readFeeds } from './ort_common.mjs';
 
 function parseArgs(argv) {
   const options = { threads: 1, iters: 20, positionals: [] };
@@ -36,23 +31,6 @@ function parseArgs(argv) {
   }
   if (options.positionals.length !== 2) throw new Error('expected MODEL.onnx INPUTS.safetensors');
   return options;
-}
-
-// float32 tensors of a safetensors file, as ONNX Runtime feeds.
-function readFeeds(file) {
-  const bytes = readFileSync(file);
-  const headerLength = Number(bytes.readBigUInt64LE(0));
-  const header = JSON.parse(bytes.subarray(8, 8 + headerLength).toString('utf8'));
-  const feeds = {};
-  for (const [name, entry] of Object.entries(header)) {
-    if (name === '__metadata__') continue;
-    if (entry.dtype !== 'F32') throw new Error(`${file}: ${name} is ${entry.dtype}, expected F32`);
-    const [begin, end] = entry.data_offsets;
-    const data = new Float32Array((end - begin) / 4);
-    Buffer.from(data.buffer).set(bytes.subarray(8 + headerLength + begin, 8 + headerLength + end));
-    feeds[name] = new ort.Tensor('float32', data, entry.shape);
-  }
-  return feeds;
 }
 
 async function main() {

@@ -146,8 +146,9 @@ void encode_row_avx2(const uint16_t* row, int64_t k, int top, uint8_t* out, int6
 }
 
 void decode_row_avx2(const uint8_t* codes, int64_t stride, int64_t k, int top, uint16_t* out) {
-  // The words carry the exponent base 112; the row's is top - (kCompactWindow - 1).
-  const __m256i rebase = _mm256_set1_epi16(static_cast<int16_t>((top - (kCompactWindow - 1) - 112) * 128));
+  // The words carry kCompactExponentBase; the row's base is top - (kCompactWindow - 1).
+  const __m256i rebase =
+      _mm256_set1_epi16(static_cast<int16_t>((top - (kCompactWindow - 1) - kCompactExponentBase) * 128));
   const int64_t whole = k / kCompactBlock;
   for (int64_t b = 0; b < whole; ++b) {
     __m256i bits[4];

@@ -33,6 +33,9 @@ constexpr int64_t kCompactBlock = 64;       // values per block
 constexpr int64_t kCompactBlockBytes = 96;  // 64 high bytes, 32 bytes of nibbles
 constexpr int64_t kCompactWindow = 16;      // binades a row's codes cover
 constexpr int64_t kCompactLowestTop = 16;   // the smallest top exponent a row keeps, so that its window is normal
+// The bf16 exponent field a decoder gives offset 0 (offset d decodes to 112 + d, above); its low four bits are zero,
+// so the offset fills them in.
+constexpr int kCompactExponentBase = 112;
 
 struct CompactEscape {
   uint32_t column = 0;

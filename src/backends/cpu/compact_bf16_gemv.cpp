@@ -166,7 +166,7 @@ void compact_dots_avx512(const CompactBf16Weight& w, int64_t j, const uint16_t* 
   // (values 32..63), each through the table to its value's high byte.
   const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  const __m512i table = _mm512_broadcast_i32x4(_mm256_castsi256_si128(compact_high_byte_table()));
+  const __m512i table = _mm512_broadcast_i32x4(compact_high_byte_lane());
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const int64_t blocks = w.blocks();
@@ -181,7 +181,7 @@ void compact_dots_avx512(const CompactBf16Weight& w, int64_t j, const uint16_t* 
       const __m512i nibbles =
           _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kCompactBlock)));
       const __m512i high = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srlv_epi16(nibbles, shifts), nibble));
-      // Sign, offset and mantissa under the fixed exponent base 112.
+      // Sign, offset and mantissa under kCompactExponentBase.
       const __m512i a = _mm512_unpacklo_epi8(low, high), c = _mm512_unpackhi_epi8(low, high);
       acc[r][0] = _mm512_dpbf16_ps(acc[r][0], reinterpret_cast<__m512bh>(a), x0);
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], reinterpret_cast<__m512bh>(c), x1);

@@ -24,9 +24,8 @@ namespace {
 
 constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
-struct ConvGeometry {
+struct ConvGeometry : ConvWindow {
   int64_t batch = 1, in_channels = 0, out_channels = 0, groups = 1;
-  std::array<int64_t, 2> in{1, 1}, kernel{1, 1}, stride{1, 1}, dilation{1, 1}, pad{0, 0}, out{1, 1};
 
   int64_t group_in() const { return in_channels / groups; }
   int64_t group_out() const { return out_channels / groups; }
@@ -340,17 +339,7 @@ bool panels_pay(const ConvPlan& p) {
          p.packed[0].elem() == Elem::F32 && DirectConv::panels_supported();
 }
 
-DirectConvGeometry direct_geometry(const ConvGeometry& g) {
-  DirectConvGeometry d;
-  d.in = g.in;
-  d.kernel = g.kernel;
-  d.stride = g.stride;
-  d.dilation = g.dilation;
-  d.pad = g.pad;
-  d.out = g.out;
-  d.channels = g.group_in();
-  return d;
-}
+DirectConvGeometry direct_geometry(const ConvGeometry& g) { return {ConvWindow(g), g.group_in()}; }
 
 // Six output planes at a time (when the output is not written in place).
 DirectScratch panel_scratch(const ConvPlan& p) {
@@ -475,7 +464,7 @@ std::optional<Kernel> conv_kernel(const KernelContext& ctx, std::optional<size_t
     }
     if (p.weight.elem != Elem::F32 && !p.scaled_weight.defined()) reserve(p.weight.numel());
     ctx.scratch.reserve_shared(floats_bytes(floats));
-    const ConvWindow depthwise = direct_geometry(p.g);
+    const ConvWindow& depthwise = p.g;
     if (p.g.group_in() == 1 && p.g.group_out() == 1 && p.x.elem == Elem::F32 && DepthwiseConv::suitable(depthwise)) {
       p.depthwise.emplace(depthwise);
       const int64_t sums = DirectFinish(p).straight_to_output ? 0 : DepthwiseConv::kChannels * depthwise_band_floats(p);
