@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -8,6 +9,11 @@
 #include "npusim/error.h"
 
 namespace {
+
+std::chrono::steady_clock::time_point g_process_start;  // constant-initialized: no initializer overwrites it later
+
+// Priority 101 runs before the static initializers of every translation unit (those have the default priority).
+__attribute__((constructor(101))) void note_process_start() { g_process_start = std::chrono::steady_clock::now(); }
 
 constexpr const char* kUsage = R"(npusim: compile and run PyTorch models exported as torch_ir JSON
 
@@ -29,6 +35,8 @@ commands:
 )";
 
 }  // namespace
+
+std::chrono::steady_clock::time_point npusim::cli::process_start() { return g_process_start; }
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" || std::string(argv[1]) == "help") {

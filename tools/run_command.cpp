@@ -59,16 +59,35 @@ int run_command(const std::vector<std::string>& argv) {
 
   std::vector<double> latencies;
   NamedTensors outputs;
+  std::chrono::steady_clock::time_point first_result;
   auto timed = [&](auto&& run_once) {
     for (int64_t i = 0; i < iters; ++i) {
       const auto start = std::chrono::steady_clock::now();
       outputs = run_once();
-      latencies.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      const auto end = std::chrono::steady_clock::now();
+      if (i == 0) first_result = end;
+      latencies.push_back(std::chrono::duration<double, std::milli>(end - start).count());
     }
   };
+  // Everything is printed and written, and stdout flushed, while the prepared model still lives: its teardown
+  // (unmapping the packed weights) comes after the first result, not before it.
+  auto report = [&](const std::string& path_label, const std::string& memory_line) {
+    const double first_ms = latencies.front();
+    const double startup_ms = std::chrono::duration<double, std::milli>(first_result - process_start()).count();
+    std::sort(latencies.begin(), latencies.end());
+    for (const auto& [name, tensor] : outputs)
+      std::printf("output %s %s %s\n", name.c_str(), shape_string(tensor.shape()).c_str(),
+                  std::string(dtype_name(tensor.dtype())).c_str());
+    if (top > 0) print_top(outputs, top);
+    std::printf("latency: min %.2f ms, median %.2f ms over %lld run(s) (%s)\n", latencies.front(),
+                latencies[latencies.size() / 2], static_cast<long long>(iters), path_label.c_str());
+    std::fputs(memory_line.c_str(), stdout);
+    std::printf("start-up: first result %.1f ms after start, %.1f ms beyond its run\n", startup_ms,
+                startup_ms - first_ms);
+    if (auto out = args.value("outputs")) write_safetensors(*out, outputs);
+    std::fflush(stdout);
+  };
 
-  std::string path_label;
-  std::string memory_line;
   if (args.flag("reference")) {
     if (is_program_file(path)) fail("npusim run: --reference runs a graph JSON, not a compiled program");
     if (args.value("trace")) fail("npusim run: --trace times the compiled program's kernels; leave out --reference");
@@ -78,45 +97,35 @@ int run_command(const std::vector<std::string>& argv) {
     const auto inputs = load_inputs(graph, args);
     const ReferenceExecutor executor(graph, weights);
     timed([&] { return executor.run(inputs); });
-    path_label = "reference path";
-  } else {
-    const PreparedModel model = prepare_model(path, args, BackendOptions{.threads = threads});
-    DagExecutor& prepared = *model.executor;
-    const auto inputs = load_inputs(model.program.graph, args);
-    prepared.set_profiling(args.flag("profile") || args.value("trace"));
-    timed([&] { return prepared.run(inputs); });
-    path_label = model.label;
-    const PrepareCost cost = prepared.prepare_cost();
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "memory: planned %.2f MB, allocated %.2f MB\nprepare: %.1f ms, %.2f MB of weights packed for the "
-                  "kernels",
-                  prepared.planned_bytes() / 1e6, prepared.allocated_bytes() / 1e6, cost.milliseconds,
-                  static_cast<double>(cost.packed_bytes) / 1e6);
-    memory_line = line;
-    if (cost.mapped_bytes > 0) {
-      std::snprintf(line, sizeof line, " (%.2f MB of them mapped from the pack cache)",
-                    static_cast<double>(cost.mapped_bytes) / 1e6);
-      memory_line += line;
-    }
-    memory_line += "\n";
-    for (const std::string& note : cost.notes) memory_line += "pack cache: " + note + "\n";
-    if (args.flag("profile")) std::fputs(format_profile(prepared.last_profile()).c_str(), stdout);
-    if (auto trace = args.value("trace")) {
-      write_chrome_trace(*trace, prepared.last_profile());
-      std::printf("wrote trace %s (%zu kernels)\n", trace->c_str(), prepared.last_profile().kernels.size());
-    }
+    report("reference path", "");
+    return 0;
   }
-  std::sort(latencies.begin(), latencies.end());
-
-  for (const auto& [name, tensor] : outputs)
-    std::printf("output %s %s %s\n", name.c_str(), shape_string(tensor.shape()).c_str(),
-                std::string(dtype_name(tensor.dtype())).c_str());
-  if (top > 0) print_top(outputs, top);
-  std::printf("latency: min %.2f ms, median %.2f ms over %lld run(s) (%s)\n", latencies.front(),
-              latencies[latencies.size() / 2], static_cast<long long>(iters), path_label.c_str());
-  std::fputs(memory_line.c_str(), stdout);
-  if (auto out = args.value("outputs")) write_safetensors(*out, outputs);
+  const PreparedModel model = prepare_model(path, args, BackendOptions{.threads = threads});
+  DagExecutor& prepared = *model.executor;
+  const auto inputs = load_inputs(model.program.graph, args);
+  prepared.set_profiling(args.flag("profile") || args.value("trace"));
+  timed([&] { return prepared.run(inputs); });
+  const PrepareCost cost = prepared.prepare_cost();
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "memory: planned %.2f MB, allocated %.2f MB\nprepare: %.1f ms, %.2f MB of weights packed for the "
+                "kernels",
+                prepared.planned_bytes() / 1e6, prepared.allocated_bytes() / 1e6, cost.milliseconds,
+                static_cast<double>(cost.packed_bytes) / 1e6);
+  std::string memory_line = line;
+  if (cost.mapped_bytes > 0) {
+    std::snprintf(line, sizeof line, " (%.2f MB of them mapped from the pack cache)",
+                  static_cast<double>(cost.mapped_bytes) / 1e6);
+    memory_line += line;
+  }
+  memory_line += "\n";
+  for (const std::string& note : cost.notes) memory_line += "pack cache: " + note + "\n";
+  if (args.flag("profile")) std::fputs(format_profile(prepared.last_profile()).c_str(), stdout);
+  if (auto trace = args.value("trace")) {
+    write_chrome_trace(*trace, prepared.last_profile());
+    std::printf("wrote trace %s (%zu kernels)\n", trace->c_str(), prepared.last_profile().kernels.size());
+  }
+  report(model.label, memory_line);
   return 0;
 }
 

@@ -1,11 +1,13 @@
 // npusim run and bench with --pack-cache: the first run saves the packed weights, the next maps them and writes the
 // same outputs bit for bit; other weights get a file of their own; a bad directory argument fails naming the flag.
+// Every run reports its start-up: the time from the process's start to its first result.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "e2e_util.h"
 
@@ -64,6 +66,25 @@ TEST(PackCacheCli, SecondRunMapsThePackedWeightsAndWritesTheSameOutputs) {
   EXPECT_GT(json["mapped_mb"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(json["mapped_mb"].get<double>(), json["packed_mb"].get<double>());
   EXPECT_GT(json["prepare_ms"].get<double>(), 0.0);
+}
+
+TEST(PackCacheCli, RunReportsTheTimeToItsFirstResult) {
+  const std::string dir = test::fresh_work_dir();
+  const auto run =
+      test::run_command(cli() + " run " + kResNet18 +
+                        " --random-weights 1 --random-inputs 2 --threads 2 --iters 3 --pack-cache " + dir + "/packs");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::smatch prepare, startup;
+  ASSERT_TRUE(std::regex_search(run.output, prepare, std::regex(R"(prepare: ([0-9.]+) ms)"))) << run.output;
+  ASSERT_TRUE(std::regex_search(run.output, startup,
+                                std::regex(R"(start-up: first result ([0-9.]+) ms after start, ([0-9.]+) ms beyond)")))
+      << run.output;
+  const double prepare_ms = std::stod(prepare[1]), first_ms = std::stod(startup[1]), beyond_ms = std::stod(startup[2]);
+  // Beyond the first run means preparing and everything before it: never less than the preparation, never more
+  // than the whole time to the first result.
+  EXPECT_GE(beyond_ms, prepare_ms) << run.output;
+  EXPECT_GT(first_ms, beyond_ms) << run.output;
+  EXPECT_LT(first_ms, 60000.0) << run.output;
 }
 
 TEST(PackCacheCli, BadArgumentsFailNamingTheFlag) {
