@@ -5,7 +5,8 @@
 #   bench/peers/run_all.sh [--quick] [--rounds N] [--skip-resnet] [--skip-llm] [--isa avx2]
 #
 #   ResNet-18/50 and MobileNetV2 (seeded torchvision weights): npusim bench, ONNX Runtime (onnxruntime-node), PyTorch
-#   1.13 eager. The ResNets run the torch_ir fixtures (tests/data/fixtures/ir/); other models the IR that
+#   1.13 eager; ResNet-50's start-up (npusim run's time to its first result, ONNX Runtime's session creation). The
+#   ResNets run the torch_ir fixtures (tests/data/fixtures/ir/); other models the IR that
 #   export_torchvision.py writes from a torch.fx trace.
 #   Qwen2.5-1.5B-shaped LLM (random bf16 weights): npusim bench --model (bf16, and int8 weights quantized at load),
 #   llama.cpp llama-bench (bf16, f16, Q8_0; Q8_0 is set against npusim's int8, the others against its bf16)
@@ -93,6 +94,22 @@ record() {
   }
 }
 
+# startup MODEL THREADS: five `npusim run --iters 1` processes, each one's start-up (process start to first result) as
+# a JSON line in MODEL.startup.jsonl: first_ms, beyond_ms (of it, everything before the first result's run),
+# prepare_ms (packing the weights) and latency_ms.
+startup() {
+  local model="$1" t="$2" out
+  ((round > 1)) || printf '%s\t%s\n' "$model" "npusim run $(graph_of "$model" | sed "s|^$repo_root/||") --weights ... --inputs ... --threads $t --iters 1 (start-up, 5 processes)" >> "$results/commands.tsv"
+  for _ in 1 2 3 4 5; do
+    out="$("${run_nice[@]}" "$npusim" run "$(graph_of "$model")" --weights "$PEERS_DIR/models/$model.safetensors" \
+      --inputs "$PEERS_DIR/models/${model}_inputs.safetensors" --threads "$t" --iters 1 2>> "$results/stderr.log")"
+    echo "$out" | sed -n -E 's/^latency: min ([0-9.]+) ms.*/\1/p; s/^prepare: ([0-9.]+) ms.*/\1/p;
+      s/^start-up: first result ([0-9.]+) ms after start, ([0-9.]+) ms beyond.*/\1 \2/p' | tr '\n' ' ' |
+      awk -v t="$t" '{ printf "{\"threads\": %d, \"latency_ms\": %s, \"prepare_ms\": %s, \"first_ms\": %s, \"beyond_ms\": %s}\n",
+        t, $1, $2, $3, $4 }' >> "$results/$model.startup.jsonl"
+  done
+}
+
 ensure_ort() {
   [[ -d "$PEERS_DIR/ort/node_modules/onnxruntime-node" ]] && return
   mkdir -p "$PEERS_DIR/ort"
@@ -149,6 +166,9 @@ for ((round = 1; round <= rounds; ++round)); do
         record "$model.npusim.jsonl" "$model" "$npusim" bench "$(graph_of "$model")" \
           --weights "$weights" --inputs "$inputs" --threads "$t" --iters "$iters" --warmup "$warmup" --json
       done
+      if [[ "$model" == resnet50 ]]; then
+        for t in $threads_list; do startup "$model" "$t"; done
+      fi
       record "$model.onnxruntime.jsonl" "$model" node "$peers_script_dir/bench_ort.mjs" "$PEERS_DIR/models/$model.onnx" \
         "$inputs" --threads "$threads_csv" --iters "$iters" --warmup "$warmup" \
         --reference "$PEERS_DIR/models/${model}_logits.safetensors"
