@@ -240,8 +240,9 @@ TEST_F(CompactBf16, EachVectorKernelMatchesTheProduct) {
       order_for_avx2(x.data(), k, x_floats.data());
       order_for_avx512(x_bf16.data(), k, x_pairs.data());
       for (int64_t j = 0; j < n; j += kGemvLongRowGroup) {
-        float one[kGemvLongRowGroup], group[kGemvLongRowGroup], one_pairs[kGemvLongRowGroup],
-            group_pairs[kGemvLongRowGroup];
+        static_assert(kCompactRowsInTurn == kGemvLongRowGroup);
+        float one[kGemvLongRowGroup], group[kGemvLongRowGroup], in_turn[kCompactRowsInTurn],
+            one_pairs[kGemvLongRowGroup], group_pairs[kGemvLongRowGroup];
         for (int r = 0; r < kGemvLongRowGroup; ++r) {
           float out[1];
           compact_dots_avx2<1>(*w, j + r, x_floats.data(), x.data(), out);
@@ -250,6 +251,7 @@ TEST_F(CompactBf16, EachVectorKernelMatchesTheProduct) {
           one_pairs[r] = pairs ? out[0] : one[r];
         }
         compact_dots_avx2<kGemvLongRowGroup>(*w, j, x_floats.data(), x.data(), group);
+        compact_dots_avx2_in_turn(*w, j, x_floats.data(), x.data(), in_turn);
         if (pairs) compact_dots_avx512<kGemvLongRowGroup>(*w, j, x_pairs.data(), x.data(), group_pairs);
         for (int r = 0; r < kGemvLongRowGroup; ++r) {
           double sum = 0.0, magnitude = 0.0;
@@ -263,6 +265,7 @@ TEST_F(CompactBf16, EachVectorKernelMatchesTheProduct) {
               "k=" + std::to_string(k) + " interleave " + std::to_string(interleave) + " row " + std::to_string(j + r);
           ASSERT_NEAR(one[r], sum, 1e-5 * magnitude + 1e-30) << label;
           ASSERT_NEAR(group[r], sum, 1e-5 * magnitude + 1e-30) << label;
+          ASSERT_NEAR(in_turn[r], sum, 1e-5 * magnitude + 1e-30) << label;
           if (!pairs) continue;
           ASSERT_NEAR(one_pairs[r], sum, 1e-5 * magnitude + 1e-30) << label;
           ASSERT_NEAR(group_pairs[r], sum, 1e-5 * magnitude + 1e-30) << label;

@@ -94,6 +94,12 @@ void compact_dots_avx2(const CompactBf16Weight& weight, int64_t j, const float* 
 template <int R>
 void compact_dots_avx512(const CompactBf16Weight& weight, int64_t j, const uint16_t* x_ordered, const float* x,
                          float (&out)[R]);
+// Rows j .. j + kCompactRowsInTurn of a weight with short rows, one after the other as compact_dots_avx2<1> reads
+// them (one memory stream), their sums reduced together: a row of a few blocks spends a good part of its time on
+// its own reduction otherwise.
+constexpr int kCompactRowsInTurn = 8;
+void compact_dots_avx2_in_turn(const CompactBf16Weight& weight, int64_t j, const float* x_ordered, const float* x,
+                               float (&out)[kCompactRowsInTurn]);
 // Whether the GEMV multiplies compact weights as bf16 pairs against bf16 activations (compact_dots_avx512) rather
 // than widened against fp32 ones (compact_dots_avx2): on AMD's Zen 4 with AVX-512 BF16, where it measured faster.
 // On an Intel Xeon (Sapphire Rapids) the AVX2 kernel decodes faster: Qwen2.5-1.5B-shaped decode 218 -> 192 ms a

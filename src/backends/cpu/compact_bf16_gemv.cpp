@@ -96,50 +96,87 @@ void order_for_avx512(const uint16_t* x, int64_t k, uint16_t* out) {
 // eight, 5.6-5.9 with none.
 constexpr int64_t kPrefetchBlocks = 4;
 
-template <int R>
-void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ordered, const float* x, float (&out)[R]) {
-  const uint8_t* codes[R];
-  for (int r = 0; r < R; ++r) codes[r] = w.row_codes(j + r);
+// Row j's products with x, one sum per lane (the four chains of multiply-adds added up).
+inline __m256 compact_row_lanes_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ordered) {
+  const uint8_t* codes = w.row_codes(j);
   const int64_t stride = w.block_stride(j);
   const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  // One row keeps four chains of multiply-adds in flight; a group one chain per row (the registers hold no more).
-  constexpr int kChains = R == 1 ? 4 : 1;
-  __m256 acc[R][kChains];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kChains; ++c) acc[r][c] = _mm256_setzero_ps();
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   const int64_t blocks = w.blocks();
   for (int64_t b = 0; b < blocks; ++b) {
-    if constexpr (R == 1) {
-      _mm_prefetch(reinterpret_cast<const char*>(codes[0] + (b + kPrefetchBlocks) * stride), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(codes[0] + (b + kPrefetchBlocks) * stride + 64), _MM_HINT_T0);
-    }
+    _mm_prefetch(reinterpret_cast<const char*>(codes + (b + kPrefetchBlocks) * stride), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(codes + (b + kPrefetchBlocks) * stride + 64), _MM_HINT_T0);
     const float* xb = x_ordered + b * kCompactBlock;
-    // One row decodes its block's four vectors at once (10-20% faster than one at a time); a group decodes each
-    // row's vector q where it is used, which keeps the registers for the group's sums.
-    [[maybe_unused]] __m256i words[4];
-    if constexpr (R == 1)
-      for (int q = 0; q < 4; ++q) words[q] = compact_block_words(codes[0] + b * stride, q);
+    // The block's four vectors decoded at once (10-20% faster than one at a time).
+    __m256i words[4];
+    for (int q = 0; q < 4; ++q) words[q] = compact_block_words(codes + b * stride, q);
 #pragma GCC unroll 4
     for (int q = 0; q < 4; ++q) {
       const __m256 x_even = _mm256_loadu_ps(xb + 16 * q), x_odd = _mm256_loadu_ps(xb + 16 * q + 8);
-      const int even_chain = R == 1 ? q & 1 : 0, odd_chain = R == 1 ? 2 + (q & 1) : 0;
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m256i bits = R == 1 ? words[q] : compact_block_words(codes[r] + b * stride, q);
-        acc[r][even_chain] =
-            _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), x_even, acc[r][even_chain]);
-        acc[r][odd_chain] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(bits, odd)), x_odd, acc[r][odd_chain]);
-      }
+      acc[q & 1] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(words[q], 16)), x_even, acc[q & 1]);
+      acc[2 + (q & 1)] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(words[q], odd)), x_odd, acc[2 + (q & 1)]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    __m256 total = acc[r][0];
-    for (int c = 1; c < kChains; ++c) total = _mm256_add_ps(total, acc[r][c]);
-    const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-    const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-    const float sum = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+  return _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+}
+
+inline float lane_total(__m256 v) {
+  const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
+  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
+}
+
+template <int R>
+void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ordered, const float* x, float (&out)[R]) {
+  if constexpr (R == 1) {
+    const float scale = w.row_scale(j);
+    out[0] = lane_total(compact_row_lanes_avx2(w, j, x_ordered)) * scale + escape_terms(w, j, x, scale);
+  } else {
+    const uint8_t* codes[R];
+    for (int r = 0; r < R; ++r) codes[r] = w.row_codes(j + r);
+    const int64_t stride = w.block_stride(j);
+    const __m256i odd = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    // One chain of multiply-adds per row (the registers hold no more); each row's vector q is decoded where it is
+    // used, which keeps the registers for the group's sums.
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    const int64_t blocks = w.blocks();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x_ordered + b * kCompactBlock;
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) {
+        const __m256 x_even = _mm256_loadu_ps(xb + 16 * q), x_odd = _mm256_loadu_ps(xb + 16 * q + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const __m256i bits = compact_block_words(codes[r] + b * stride, q);
+          acc[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)), x_even, acc[r]);
+          acc[r] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(bits, odd)), x_odd, acc[r]);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float scale = w.row_scale(j + r);
+      out[r] = lane_total(acc[r]) * scale + escape_terms(w, j + r, x, scale);
+    }
+  }
+}
+
+void compact_dots_avx2_in_turn(const CompactBf16Weight& w, int64_t j, const float* x_ordered, const float* x,
+                               float (&out)[kCompactRowsInTurn]) {
+  static_assert(kCompactRowsInTurn == 8, "the lanes of eight rows are added in one transposing pass");
+  __m256 lanes[8];
+  for (int r = 0; r < 8; ++r) lanes[r] = compact_row_lanes_avx2(w, j + r, x_ordered);
+  // Pairwise sums: within each 128-bit half, then the halves; lane r of `totals` is row r's sum.
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(lanes[0], lanes[1]), _mm256_hadd_ps(lanes[2], lanes[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(lanes[4], lanes[5]), _mm256_hadd_ps(lanes[6], lanes[7]));
+  const __m256 totals = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, totals);
+  for (int r = 0; r < 8; ++r) {
     const float scale = w.row_scale(j + r);
-    out[r] = sum * scale + escape_terms(w, j + r, x, scale);
+    out[r] = sums[r] * scale;
+    if (w.escape_at[static_cast<size_t>(j + r)] != w.escape_at[static_cast<size_t>(j + r) + 1])
+      out[r] += escape_terms(w, j + r, x, scale);
   }
 }
 

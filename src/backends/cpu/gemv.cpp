@@ -915,10 +915,19 @@ void run_columns(const GemvProblem& p, const Activations& activations, int64_t b
       return compact_columns(p, begin, end, [&]<int R>(int64_t j, float(&sums)[R]) {
         compact_dots_avx512<R>(compact, j, activations.compact_bf16, p.x, sums);
       });
-    if (activations.compact_floats)
-      return compact_columns(p, begin, end, [&]<int R>(int64_t j, float(&sums)[R]) {
-        compact_dots_avx2<R>(compact, j, activations.compact_floats, p.x, sums);
+    if (activations.compact_floats) {
+      // Short rows eight at a time, one after the other (see compact_dots_avx2_in_turn).
+      int64_t j = begin;
+      if (compact.k < kGemvLongRow)
+        for (; j + kCompactRowsInTurn <= end; j += kCompactRowsInTurn) {
+          float sums[kCompactRowsInTurn];
+          compact_dots_avx2_in_turn(compact, j, activations.compact_floats, p.x, sums);
+          for (int r = 0; r < kCompactRowsInTurn; ++r) store_result(p, 0, j + r, sums[r]);
+        }
+      return compact_columns(p, j, end, [&]<int R>(int64_t row, float(&sums)[R]) {
+        compact_dots_avx2<R>(compact, row, activations.compact_floats, p.x, sums);
       });
+    }
 #endif
     return decoded_compact_columns(p, begin, end);
   }
