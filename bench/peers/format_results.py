@@ -98,10 +98,13 @@ def startup_table(results, model):
     return lines
 
 
-def llama_rows(results):
+LLM_SHAPES = {"qwen15": "Qwen2.5-1.5B", "qwen05": "Qwen2.5-0.5B"}
+
+
+def llama_rows(results, model):
     """(weights, threads) -> {"prompt": tok/s samples, "decode": tok/s samples} from llama-bench jsonl."""
     rows = {}
-    for row in read_jsonl(os.path.join(results, "qwen15.llama.cpp.jsonl")):
+    for row in read_jsonl(os.path.join(results, f"{model}.llama.cpp.jsonl")):
         weights = row["model_type"].split()[-1]  # "qwen2 1.5B F16" -> F16
         entry = rows.setdefault((weights, row["n_threads"]), {})
         entry.setdefault("prompt" if row["n_prompt"] > 0 else "decode", []).extend(row["samples_ts"])
@@ -116,17 +119,17 @@ def linear_weights(row):
     return "int8" if "int8 linear weights" in row.get("session", "") else row["dtype"]
 
 
-def llm_table(results):
-    npusim_rows = read_jsonl(os.path.join(results, "qwen15.npusim.jsonl"))
+def llm_table(results, model):
+    npusim_rows = read_jsonl(os.path.join(results, f"{model}.npusim.jsonl"))
     for row in npusim_rows:
         row["decode_rate"] = row["decode_run_min_ms"] / max(1, row["gen_tokens"])
-    peers = llama_rows(results)
+    peers = llama_rows(results, model)
     if not npusim_rows and not peers:
         return None
     prompt = npusim_rows[0]["prompt_tokens"] if npusim_rows else "?"
     gen = npusim_rows[0]["gen_tokens"] if npusim_rows else "?"
     lines = [
-        f"| Qwen2.5-1.5B shape (random weights), prompt {prompt} + decode {gen}, best run | weights | threads | "
+        f"| {LLM_SHAPES[model]} shape (random weights), prompt {prompt} + decode {gen}, best run | weights | threads | "
         "prompt tok/s | decode tok/s | decode GB/s | npusim/peer prompt time | npusim/peer decode time |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -166,7 +169,8 @@ def main():
     commands = read_commands(results)
     tables = [("resnet18", resnet_table(results, "resnet18")), ("resnet50", resnet_table(results, "resnet50")),
               ("resnet50", startup_table(results, "resnet50")),
-              ("mobilenet_v2", resnet_table(results, "mobilenet_v2")), ("qwen15", llm_table(results))]
+              ("mobilenet_v2", resnet_table(results, "mobilenet_v2"))]
+    tables += [(model, llm_table(results, model)) for model in LLM_SHAPES]
     for model, lines in tables:
         if lines is None:
             continue

@@ -2,7 +2,7 @@
 # Runs npusim and the programs users would pick instead on this machine, in one go, at 1 and 2 threads, and
 # prints one markdown table per model, ready for docs/benchmarks.md.
 #
-#   bench/peers/run_all.sh [--quick] [--rounds N] [--skip-resnet] [--skip-llm] [--isa avx2]
+#   bench/peers/run_all.sh [--quick] [--rounds N] [--skip-resnet] [--skip-llm] [--isa avx2] [--llm-shape 1.5b|0.5b]
 #
 #   ResNet-18/50 and MobileNetV2 (seeded torchvision weights): npusim bench, ONNX Runtime (onnxruntime-node), PyTorch
 #   1.13 eager; ResNet-50's start-up (npusim run's time to its first result, ONNX Runtime's session creation). The
@@ -17,6 +17,8 @@
 # --isa avx2: what a machine without AVX-512 (the Zen 3 the targets name) runs, on this one: npusim with
 # NPUSIM_CPU_ISA=avx2, PyTorch with ATEN_CPU_CAPABILITY=avx2, llama.cpp built for AVX2+FMA+F16C only
 # (build-peers/llama.cpp/build-avx2). ONNX Runtime cannot be capped and picks its own kernels.
+# --llm-shape: the LLM's shape, Qwen2.5-1.5B (default; tests/data/fixtures/qwen2.5-1.5b-instruct) or Qwen2.5-0.5B
+# (bench/peers/qwen2.5-0.5b: hidden 896, a quarter of its weights in the tied embedding).
 # Environment: NPUSIM (default build/bin/npusim), BENCH_LLM (default next to NPUSIM), PEERS_DIR (default
 # build-peers), THREADS (default "1 2"). Everything downloaded, built or written goes under PEERS_DIR; missing
 # pieces are set up on the first run (llama.cpp takes about 12 minutes to build on 2 cores).
@@ -31,7 +33,7 @@ threads_list="${THREADS:-1 2}"
 torch_python=/usr/bin/python3
 export ORT_DISABLE_TELEMETRY=1
 
-quick=0 run_resnet=1 run_llm=1 rounds="" isa=native
+quick=0 run_resnet=1 run_llm=1 rounds="" isa=native llm_shape=1.5b
 while (($#)); do
   arg="$1"
   shift
@@ -47,6 +49,10 @@ while (($#)); do
       isa="${1:-}"
       shift || true
       [[ "$isa" == avx2 ]] || { echo "run_all.sh: --isa takes avx2 (the default is this machine's own)" >&2; exit 2; } ;;
+    --llm-shape)
+      llm_shape="${1:-}"
+      shift || true
+      [[ "$llm_shape" == 1.5b || "$llm_shape" == 0.5b ]] || { echo "run_all.sh: --llm-shape takes 1.5b or 0.5b" >&2; exit 2; } ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_all.sh: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
@@ -60,6 +66,11 @@ fi
 threads_csv="$(echo $threads_list | tr ' ' ',')"
 
 llama_build=build
+if [[ "$llm_shape" == 0.5b ]]; then
+  llm=qwen05 llm_config="$peers_script_dir/qwen2.5-0.5b"
+else
+  llm=qwen15 llm_config="$repo_root/tests/data/fixtures/qwen2.5-1.5b-instruct"
+fi
 if [[ "$isa" == avx2 ]]; then
   export NPUSIM_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 LLAMA_ISA=avx2
   llama_build=build-avx2
@@ -131,17 +142,17 @@ graph_of() {
 ensure_llm() {
   local llama="$PEERS_DIR/llama.cpp/$llama_build/bin"
   [[ -x "$llama/llama-bench" && -x "$llama/llama-quantize" ]] || "$peers_script_dir/setup_llama_cpp.sh"
-  if [[ ! -f "$PEERS_DIR/qwen15/model.safetensors" ]]; then
+  if [[ ! -f "$PEERS_DIR/$llm/model.safetensors" ]]; then
     [[ -x "$bench_llm" ]] || { echo "run_all.sh: no bench_llm at $bench_llm (ninja -C build bench_llm)" >&2; exit 1; }
-    "$bench_llm" write "$PEERS_DIR/qwen15" --config "$repo_root/tests/data/fixtures/qwen2.5-1.5b-instruct"
+    "$bench_llm" write "$PEERS_DIR/$llm" --config "$llm_config"
   fi
   for type in bf16 f16; do
-    [[ -f "$PEERS_DIR/qwen15-$type.gguf" ]] ||
+    [[ -f "$PEERS_DIR/$llm-$type.gguf" ]] ||
       PYTHONPATH="$PEERS_DIR/llama.cpp/gguf-py" "$torch_python" "$peers_script_dir/qwen_to_gguf.py" \
-        "$PEERS_DIR/qwen15" "$PEERS_DIR/qwen15-$type.gguf" --type "$type"
+        "$PEERS_DIR/$llm" "$PEERS_DIR/$llm-$type.gguf" --type "$type"
   done
-  [[ -f "$PEERS_DIR/qwen15-q8_0.gguf" ]] ||
-    "$llama/llama-quantize" "$PEERS_DIR/qwen15-f16.gguf" "$PEERS_DIR/qwen15-q8_0.gguf" Q8_0 > /dev/null
+  [[ -f "$PEERS_DIR/$llm-q8_0.gguf" ]] ||
+    "$llama/llama-quantize" "$PEERS_DIR/$llm-f16.gguf" "$PEERS_DIR/$llm-q8_0.gguf" Q8_0 > /dev/null
 }
 
 round=0
@@ -180,13 +191,13 @@ for ((round = 1; round <= rounds; ++round)); do
   if ((run_llm)); then
     for t in $threads_list; do
       for quantize in none int8; do
-        record "qwen15.npusim.jsonl" qwen15 "$npusim" bench --model "$PEERS_DIR/qwen15" --threads "$t" \
+        record "$llm.npusim.jsonl" "$llm" "$npusim" bench --model "$PEERS_DIR/$llm" --threads "$t" \
           --quantize "$quantize" --prompt-tokens "$prompt" --gen-tokens "$gen" --iters "$llm_reps" --json
       done
     done
     for type in bf16 f16 q8_0; do
-      record "qwen15.llama.cpp.jsonl" qwen15 "$PEERS_DIR/llama.cpp/$llama_build/bin/llama-bench" \
-        -m "$PEERS_DIR/qwen15-$type.gguf" -p "$prompt" -n "$gen" -t "$threads_csv" -r "$llm_reps" -o jsonl
+      record "$llm.llama.cpp.jsonl" "$llm" "$PEERS_DIR/llama.cpp/$llama_build/bin/llama-bench" \
+        -m "$PEERS_DIR/$llm-$type.gguf" -p "$prompt" -n "$gen" -t "$threads_csv" -r "$llm_reps" -o jsonl
     done
   fi
 done
