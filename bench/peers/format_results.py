@@ -5,10 +5,12 @@
 
 Reads machine.txt, commands.tsv and MODEL.RUNNER.jsonl (one JSON object per line). The ratio columns are always
 npusim's time over the peer's at the same thread count, best run against best run (the machine may be shared):
-above 1 means npusim is slower.
+above 1 means npusim is slower. Where the rows carry the round they ran in, the median of the rounds' own ratios
+follows (each round's npusim against the same round's peer).
 """
 import json
 import os
+import statistics
 import sys
 
 RESNET_RUNNERS = ["npusim", "onnxruntime", "pytorch"]
@@ -31,6 +33,21 @@ def best_rounds(rows, time_key):
     return [best[threads] for threads in sorted(best)]
 
 
+def median_of_rounds(ours, theirs):
+    """The median over the rounds both dicts (round -> time) hold of ours / theirs, as text ("" without rounds)."""
+    ratios = [ours[r] / theirs[r] for r in ours if r in theirs and theirs[r] > 0]
+    return f"{statistics.median(ratios):.2f}" if ratios else ""
+
+
+def by_round(rows, threads, key):
+    """round -> the smallest `key` of the rows with that thread count and a round."""
+    out = {}
+    for row in rows:
+        if row.get("threads") == threads and "round" in row:
+            out[row["round"]] = min(row[key], out.get(row["round"], float("inf")))
+    return out
+
+
 def read_commands(results):
     commands = {}
     path = os.path.join(results, "commands.tsv")
@@ -43,24 +60,29 @@ def read_commands(results):
 
 
 def resnet_table(results, model):
-    rows = {runner: best_rounds(read_jsonl(os.path.join(results, f"{model}.{runner}.jsonl")), "min_ms")
-            for runner in RESNET_RUNNERS}
+    all_rows = {runner: read_jsonl(os.path.join(results, f"{model}.{runner}.jsonl")) for runner in RESNET_RUNNERS}
+    rows = {runner: best_rounds(all_rows[runner], "min_ms") for runner in RESNET_RUNNERS}
     if not any(rows.values()):
         return None
     npusim = {row["threads"]: row["min_ms"] for row in rows["npusim"]}
     lines = [
-        f"| {model} batch 1, fp32 | threads | min ms | median ms | max ms | npusim/peer (min time) |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| {model} batch 1, fp32 | threads | min ms | median ms | max ms | npusim/peer (min time) | "
+        "median of rounds |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for runner in RESNET_RUNNERS:
         for row in rows[runner]:
-            ratio = "" if runner == "npusim" or row["threads"] not in npusim else \
-                f"{npusim[row['threads']] / row['min_ms']:.2f}"
+            threads = row["threads"]
+            ratio = rounds = ""
+            if runner != "npusim" and threads in npusim:
+                ratio = f"{npusim[threads] / row['min_ms']:.2f}"
+                rounds = median_of_rounds(by_round(all_rows["npusim"], threads, "min_ms"),
+                                          by_round(all_rows[runner], threads, "min_ms"))
             name = runner
             if runner != "npusim" and "version" in row:
                 name += f" {row['version']}"
-            lines.append(f"| {name} | {row['threads']} | {row['min_ms']:.1f} | {row['median_ms']:.1f} | "
-                         f"{row['max_ms']:.1f} | {ratio} |")
+            lines.append(f"| {name} | {threads} | {row['min_ms']:.1f} | {row['median_ms']:.1f} | "
+                         f"{row['max_ms']:.1f} | {ratio} | {rounds} |")
     lines.append("")
     verify = os.path.join(results, f"{model}.verify.txt")
     if os.path.exists(verify):
@@ -107,8 +129,12 @@ def llama_rows(results, model):
     for row in read_jsonl(os.path.join(results, f"{model}.llama.cpp.jsonl")):
         weights = row["model_type"].split()[-1]  # "qwen2 1.5B F16" -> F16
         entry = rows.setdefault((weights, row["n_threads"]), {})
-        entry.setdefault("prompt" if row["n_prompt"] > 0 else "decode", []).extend(row["samples_ts"])
+        kind = "prompt" if row["n_prompt"] > 0 else "decode"
+        entry.setdefault(kind, []).extend(row["samples_ts"])
         entry["size_gb"] = row["model_size"] / 1e9
+        if "round" in row:  # seconds a token in that round, at its best
+            per_round = entry.setdefault(kind + "_rounds", {})
+            per_round[row["round"]] = min(1 / max(row["samples_ts"]), per_round.get(row["round"], float("inf")))
     return rows
 
 
@@ -130,10 +156,19 @@ def llm_table(results, model):
     gen = npusim_rows[0]["gen_tokens"] if npusim_rows else "?"
     lines = [
         f"| {LLM_SHAPES[model]} shape (random weights), prompt {prompt} + decode {gen}, best run | weights | threads | "
-        "prompt tok/s | decode tok/s | decode GB/s | npusim/peer prompt time | npusim/peer decode time |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "prompt tok/s | decode tok/s | decode GB/s | npusim/peer prompt time | npusim/peer decode time | "
+        "median of rounds: prompt / decode |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     npusim = {}  # (int8 or not, threads) -> best tok/s
+    npusim_rounds = {}  # (int8 or not, threads) -> {"prompt": {round: s a token}, "decode": {...}}
+    for row in npusim_rows:
+        if "round" not in row:
+            continue
+        entry = npusim_rounds.setdefault((linear_weights(row) == "int8", row["threads"]), {})
+        for kind, seconds in (("prompt", row["prompt_min_ms"] / 1e3 / row["prompt_tokens"]),
+                              ("decode", row["decode_rate"] / 1e3)):
+            entry.setdefault(kind, {})[row["round"]] = min(seconds, entry.get(kind, {}).get(row["round"], 1e9))
     for quantized in (False, True):
         rows = [row for row in npusim_rows if (linear_weights(row) == "int8") == quantized]
         prompt_best = {row["threads"]: row["prompt_min_ms"] for row in best_rounds(rows, "prompt_min_ms")}
@@ -144,7 +179,7 @@ def llm_table(results, model):
             # decode_gbps is one median step's bytes over its time: those bytes per token at the best run's rate.
             gbps = row["decode_gbps"] * row["median_ms"] / 1e3 * best["decode"]
             lines.append(f"| npusim | {linear_weights(row)} | {row['threads']} | {best['prompt']:.1f} | "
-                         f"{best['decode']:.2f} | {gbps:.1f} | | |")
+                         f"{best['decode']:.2f} | {gbps:.1f} | | | |")
     for (weights, threads), entry in sorted(peers.items(), key=lambda item: (item[0][1], item[0][0])):
         prompt_ts = max(entry.get("prompt", [float("nan")]))
         decode_ts = max(entry.get("decode", [float("nan")]))
@@ -152,8 +187,10 @@ def llm_table(results, model):
         base = npusim.get((weights.upper() == "Q8_0", threads))
         prompt_ratio = f"{prompt_ts / base['prompt']:.2f}" if base else ""
         decode_ratio = f"{decode_ts / base['decode']:.2f}" if base else ""
+        ours = npusim_rounds.get((weights.upper() == "Q8_0", threads), {})
+        rounds = [median_of_rounds(ours.get(kind, {}), entry.get(kind + "_rounds", {})) for kind in ("prompt", "decode")]
         lines.append(f"| llama.cpp llama-bench | {weights} | {threads} | {prompt_ts:.1f} | {decode_ts:.2f} | "
-                     f"{gbps:.1f} | {prompt_ratio} | {decode_ratio} |")
+                     f"{gbps:.1f} | {prompt_ratio} | {decode_ratio} | {' / '.join(rounds) if any(rounds) else ''} |")
     lines.append("")
     lines.append("llama.cpp's decode GB/s is its file size times tokens/s; npusim's counts the weights and the KV cache "
                  "it reads. Q8_0 rows are set against npusim with int8 weights, the others against npusim's bf16.")

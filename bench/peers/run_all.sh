@@ -12,8 +12,10 @@
 #   llama.cpp llama-bench (bf16, f16, Q8_0; Q8_0 is set against npusim's int8, the others against its bf16)
 #
 # --quick: fewer iterations, ResNet-18 only, prompt 32 / decode 8 instead of 128 / 32, one round.
-# --rounds N: run every runner N times in turn (default 2) and keep each one's best round, so that load from
-# other work on a shared machine does not favour whichever runner happened to run in a quiet minute.
+# --rounds N: run every runner N times in turn (default 2). The tables set each runner's best round against the
+# peer's, and give the median of the rounds' own ratios next to it: on a shared machine whose speed moves in spells
+# of minutes, one runner's best round may fall in a quicker spell than the peer's; the runners of one round ran
+# minutes apart at most.
 # --isa avx2: what a machine without AVX-512 (the Zen 3 the targets name) runs, on this one: npusim with
 # NPUSIM_CPU_ISA=avx2, PyTorch with ATEN_CPU_CAPABILITY=avx2, llama.cpp built for AVX2+FMA+F16C only
 # (build-peers/llama.cpp/build-avx2). ONNX Runtime cannot be capped and picks its own kernels.
@@ -99,7 +101,8 @@ record() {
   shift 2
   ((round > 1)) || printf '%s\t%s\n' "$model" "${*/#$repo_root\//}" >> "$results/commands.tsv"
   echo "+ $*" >&2
-  "${run_nice[@]}" "$@" 2>> "$results/stderr.log" | tee -a "$results/stdout.log" | grep '^{' >> "$results/$file" || {
+  "${run_nice[@]}" "$@" 2>> "$results/stderr.log" | tee -a "$results/stdout.log" | grep '^{' |
+    sed "s/^{/{\"round\": $round, /" >> "$results/$file" || {
     echo "run_all.sh: failed: $* (see $results/stderr.log)" >&2
     return 1
   }
@@ -116,8 +119,8 @@ startup() {
       --inputs "$PEERS_DIR/models/${model}_inputs.safetensors" --threads "$t" --iters 1 2>> "$results/stderr.log")"
     echo "$out" | sed -n -E 's/^latency: min ([0-9.]+) ms.*/\1/p; s/^prepare: ([0-9.]+) ms.*/\1/p;
       s/^start-up: first result ([0-9.]+) ms after start, ([0-9.]+) ms beyond.*/\1 \2/p' | tr '\n' ' ' |
-      awk -v t="$t" '{ printf "{\"threads\": %d, \"latency_ms\": %s, \"prepare_ms\": %s, \"first_ms\": %s, \"beyond_ms\": %s}\n",
-        t, $1, $2, $3, $4 }' >> "$results/$model.startup.jsonl"
+      awk -v t="$t" -v round="$round" '{ printf "{\"round\": %d, \"threads\": %d, \"latency_ms\": %s, \"prepare_ms\": %s, \"first_ms\": %s, \"beyond_ms\": %s}\n",
+        round, t, $1, $2, $3, $4 }' >> "$results/$model.startup.jsonl"
   done
 }
 
