@@ -396,7 +396,8 @@ TEST(Gemv, QuantizesBf16WeightsAndSplitsOverThePool) {
               scale * 0.5f * 1.0001f);
 }
 
-// Rows widened to bf16 are the fp32 rows rounded to nearest even, for per-row and grouped scales, odd lengths.
+// Rows widened to fp32 are each int8 value times its group's scale, rounded once; rows widened to bf16 are those
+// rounded to nearest even; for per-row and grouped scales, odd lengths, nothing written past the row.
 TEST(Gemv, DequantizesRowsToBf16AsTheRoundedFp32Rows) {
   for (int64_t group : {0, 8, 32})
     for (int64_t k : {1, 7, 33, 100}) {
@@ -404,13 +405,21 @@ TEST(Gemv, DequantizesRowsToBf16AsTheRoundedFp32Rows) {
       const QuantizedWeight q =
           quantize_int8(reinterpret_cast<const std::byte*>(values.data()), Elem::F32, 5, k, group);
       for (int64_t j = 0; j < 5; ++j) {
-        std::vector<float> wide(static_cast<size_t>(k));
+        std::vector<float> wide(static_cast<size_t>(k) + 1, -1234.5f);
         std::vector<uint16_t> narrow(static_cast<size_t>(k) + 1, 0xFFFF);
         q.dequantize_row(j, Elem::F32, reinterpret_cast<std::byte*>(wide.data()));
         q.dequantize_row(j, Elem::BF16, reinterpret_cast<std::byte*>(narrow.data()));
-        for (int64_t i = 0; i < k; ++i)
+        const auto* ints = reinterpret_cast<const int8_t*>(q.values.data()) + j * k;
+        const auto* scales = reinterpret_cast<const float*>(q.scales.data());
+        const int64_t per_row = q.group >= k ? 1 : (k + q.group - 1) / q.group;
+        for (int64_t i = 0; i < k; ++i) {
+          const float scale = scales[j * per_row + (q.group >= k ? 0 : i / q.group)];
+          EXPECT_EQ(wide[static_cast<size_t>(i)], static_cast<float>(ints[i]) * scale)
+              << "group " << group << " k " << k << " at [" << j << ", " << i << "]";
           EXPECT_EQ(narrow[static_cast<size_t>(i)], float_to_bf16(wide[static_cast<size_t>(i)]))
               << "group " << group << " k " << k << " at [" << j << ", " << i << "]";
+        }
+        EXPECT_EQ(wide[static_cast<size_t>(k)], -1234.5f) << "written past the row";
         EXPECT_EQ(narrow[static_cast<size_t>(k)], 0xFFFF) << "written past the row";
       }
     }
