@@ -5,7 +5,7 @@
 //
 // One session per thread count (intra-op threads N, inter-op 1, sequential execution, all graph optimizations);
 // prints one JSON object per line: threads, min_ms, median_ms, max_ms, and max_abs_diff against the reference.
-import { ort, readFeeds, readSafetensors } from './ort_common.mjs';
+import { ort, readFeeds, readSafetensors, runMain, sessionOptions } from './ort_common.mjs';
 
 function parseArgs(argv) {
   const options = { threads: [1, 2], iters: 20, warmup: 3, reference: null, positionals: [] };
@@ -28,13 +28,7 @@ function parseArgs(argv) {
 
 async function timeSession(modelPath, feeds, threads, options) {
   const createStart = process.hrtime.bigint();
-  const session = await ort.InferenceSession.create(modelPath, {
-    executionProviders: ['cpu'],
-    intraOpNumThreads: threads,
-    interOpNumThreads: 1,
-    executionMode: 'sequential',
-    graphOptimizationLevel: 'all',
-  });
+  const session = await ort.InferenceSession.create(modelPath, sessionOptions(threads));
   const createMs = Number(process.hrtime.bigint() - createStart) / 1e6;
   let outputs;
   for (let i = 0; i < options.warmup; ++i) outputs = await session.run(feeds);
@@ -60,7 +54,6 @@ async function timeSession(modelPath, feeds, threads, options) {
 }
 
 async function main() {
-  if (process.env.ORT_DISABLE_TELEMETRY !== '1') throw new Error('run with ORT_DISABLE_TELEMETRY=1');
   const options = parseArgs(process.argv.slice(2));
   const [modelPath, inputsPath] = options.positionals;
   const feeds = readFeeds(inputsPath);
@@ -68,7 +61,4 @@ async function main() {
     console.log(JSON.stringify(await timeSession(modelPath, feeds, threads, options)));
 }
 
-main().catch((error) => {
-  console.error(`bench_ort: ${error.message}`);
-  process.exit(1);
-});
+runMain('bench_ort', main);

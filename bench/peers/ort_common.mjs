@@ -1,5 +1,6 @@
-// What the ONNX Runtime peer scripts share: onnxruntime-node from build-peers/ort, and the float32 tensors of a
-// safetensors file (inputs, reference logits).
+// What the ONNX Runtime peer scripts share: onnxruntime-node from build-peers/ort, the session options, the
+// entry point (telemetry off or nothing runs), and the float32 tensors of a safetensors file (inputs, reference
+// logits).
 import { createRequire } from 'node:module';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -32,4 +33,30 @@ export function readFeeds(file) {
   for (const [name, tensor] of Object.entries(readSafetensors(file)))
     feeds[name] = new ort.Tensor('float32', tensor.data, tensor.shape);
   return feeds;
+}
+
+// The CPU provider with `threads` intra-op threads, one inter-op thread, sequential execution and every graph
+// optimization, plus `extra` options.
+export function sessionOptions(threads, extra = {}) {
+  return {
+    executionProviders: ['cpu'],
+    intraOpNumThreads: threads,
+    interOpNumThreads: 1,
+    executionMode: 'sequential',
+    graphOptimizationLevel: 'all',
+    ...extra,
+  };
+}
+
+// Runs `main` once ORT_DISABLE_TELEMETRY=1 is set (without it ONNX Runtime would try to send telemetry off the
+// machine); an error ends the process with status 1, named after `script`.
+export function runMain(script, main) {
+  const run = async () => {
+    if (process.env.ORT_DISABLE_TELEMETRY !== '1') throw new Error('run with ORT_DISABLE_TELEMETRY=1');
+    await main();
+  };
+  run().catch((error) => {
+    console.error(`${script}: ${error.message}`);
+    process.exit(1);
+  });
 }

@@ -9,7 +9,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
-import { ort, readFeeds } from './ort_common.mjs';
+import { ort, readFeeds, runMain, sessionOptions } from './ort_common.mjs';
 
 function parseArgs(argv) {
   const options = { threads: 1, iters: 20, positionals: [] };
@@ -34,21 +34,14 @@ function parseArgs(argv) {
 }
 
 async function main() {
-  if (process.env.ORT_DISABLE_TELEMETRY !== '1') throw new Error('run with ORT_DISABLE_TELEMETRY=1');
   const options = parseArgs(process.argv.slice(2));
   const [modelPath, inputsPath] = options.positionals;
   const feeds = readFeeds(inputsPath);
   const profileDir = mkdtempSync(path.join(os.tmpdir(), 'npusim-ort-profile-'));
   try {
-    const session = await ort.InferenceSession.create(modelPath, {
-      executionProviders: ['cpu'],
-      intraOpNumThreads: options.threads,
-      interOpNumThreads: 1,
-      executionMode: 'sequential',
-      graphOptimizationLevel: 'all',
-      enableProfiling: true,
-      profileFilePrefix: path.join(profileDir, 'ort'),
-    });
+    const session = await ort.InferenceSession.create(
+        modelPath,
+        sessionOptions(options.threads, { enableProfiling: true, profileFilePrefix: path.join(profileDir, 'ort') }));
     for (let i = 0; i < options.iters; ++i) await session.run(feeds);
     session.endProfiling();
     await session.release();
@@ -73,7 +66,4 @@ async function main() {
   }
 }
 
-main().catch((error) => {
-  console.error(`profile_ort: ${error.message}`);
-  process.exit(1);
-});
+runMain('profile_ort', main);

@@ -11,6 +11,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
+#include "backends/cpu/avx2_sums.h"
 #include "backends/cpu/compact_bf16_avx2.h"
 #define NPUSIM_COMPACT_X86 1
 #endif
@@ -120,17 +121,11 @@ inline __m256 compact_row_lanes_avx2(const CompactBf16Weight& w, int64_t j, cons
   return _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
 }
 
-inline float lane_total(__m256 v) {
-  const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-}
-
 template <int R>
 void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ordered, const float* x, float (&out)[R]) {
   if constexpr (R == 1) {
     const float scale = w.row_scale(j);
-    out[0] = lane_total(compact_row_lanes_avx2(w, j, x_ordered)) * scale + escape_terms(w, j, x, scale);
+    out[0] = horizontal_sum(compact_row_lanes_avx2(w, j, x_ordered)) * scale + escape_terms(w, j, x, scale);
   } else {
     const uint8_t* codes[R];
     for (int r = 0; r < R; ++r) codes[r] = w.row_codes(j + r);
@@ -156,7 +151,7 @@ void compact_dots_avx2(const CompactBf16Weight& w, int64_t j, const float* x_ord
     }
     for (int r = 0; r < R; ++r) {
       const float scale = w.row_scale(j + r);
-      out[r] = lane_total(acc[r]) * scale + escape_terms(w, j + r, x, scale);
+      out[r] = horizontal_sum(acc[r]) * scale + escape_terms(w, j + r, x, scale);
     }
   }
 }
@@ -166,15 +161,13 @@ void compact_dots_avx2_in_turn(const CompactBf16Weight& w, int64_t j, const floa
   static_assert(kCompactRowsInTurn == 8, "the lanes of eight rows are added in one transposing pass");
   __m256 lanes[8];
   for (int r = 0; r < 8; ++r) lanes[r] = compact_row_lanes_avx2(w, j + r, x_ordered);
-  // Pairwise sums: within each 128-bit half, then the halves; lane r of `totals` is row r's sum.
-  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(lanes[0], lanes[1]), _mm256_hadd_ps(lanes[2], lanes[3]));
-  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(lanes[4], lanes[5]), _mm256_hadd_ps(lanes[6], lanes[7]));
-  const __m256 totals = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
   alignas(32) float sums[8];
-  _mm256_store_ps(sums, totals);
+  _mm256_store_ps(sums, horizontal_sums(lanes));
   for (int r = 0; r < 8; ++r) {
     const float scale = w.row_scale(j + r);
     out[r] = sums[r] * scale;
+    // Most rows have no escapes: without this test the kernel measured 15-20% slower (Qwen2.5-0.5B-shaped decode,
+    // one AVX2 thread).
     if (w.escape_at[static_cast<size_t>(j + r)] != w.escape_at[static_cast<size_t>(j + r) + 1])
       out[r] += escape_terms(w, j + r, x, scale);
   }

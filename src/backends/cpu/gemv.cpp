@@ -14,6 +14,8 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+#include "backends/cpu/avx2_sums.h"
 #define NPUSIM_GEMV_X86 1
 #endif
 
@@ -208,12 +210,6 @@ struct I8Loader {
 
 // Far enough ahead to cover the memory latency at full bandwidth, near enough to stay in L1.
 constexpr int64_t kPrefetchBytes = 1024;
-
-NPUSIM_GEMV_INLINE float horizontal_sum(__m256 v) {
-  const __m128 quad = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-  return _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
-}
 
 // acc[m][r] += x[m, i..i+8) * W[r, i..i+8) (weights times their group scale when Grouped).
 template <class L, int M, int R, bool Grouped>
