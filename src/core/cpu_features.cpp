@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "npusim/error.h"
 
@@ -32,6 +33,17 @@ bool cpuid_bit(unsigned leaf, unsigned subleaf, int reg, int bit) {
 
 constexpr int kEax = 0, kEcx = 2, kEdx = 3;
 
+// Family and model as CPUID leaf 1 encodes them (the extended fields count where the base family is 0xF).
+std::pair<unsigned, unsigned> family_and_model() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return {0, 0};
+  const unsigned base_family = (eax >> 8) & 0xF, base_model = (eax >> 4) & 0xF;
+  const unsigned family = base_family == 0xF ? base_family + ((eax >> 20) & 0xFF) : base_family;
+  const unsigned model =
+      base_family == 0xF || base_family == 0x6 ? base_model | (((eax >> 16) & 0xF) << 4) : base_model;
+  return {family, model};
+}
+
 // AMX needs the tile and bf16 bits of CPUID leaf 7, the OS saving the tile state (XCR0 bits 17 and 18), and (Linux
 // 5.16 on) the process's permission to use the tile data, asked for once here.
 bool amx_usable() {
@@ -58,6 +70,10 @@ CpuFeatures detect() {
   f.avx512vnni = f.avx512f && cpuid_bit(7, 0, kEcx, 11);
   f.amx = amx_usable();
   f.amd = __builtin_cpu_is("amd");
+  if (f.amd) {
+    const auto [family, model] = family_and_model();
+    f.avx512_halved = f.avx512f && amd_splits_avx512(family, model);
+  }
   return f;
 }
 #else
@@ -72,12 +88,22 @@ CpuFeatures capped(CpuFeatures f) {
   if (isa != "portable" && isa != "avx2" && isa != "avx512" && isa != "amx")
     fail("NPUSIM_CPU_ISA must be portable, avx2, avx512 or amx, got '" + isa + "'");
   if (isa != "amx") f.amx = false;
-  if (isa != "avx512" && isa != "amx") f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512vnni = false;
+  if (isa != "avx512" && isa != "amx")
+    f.avx512f = f.avx512bw = f.avx512vl = f.avx512bf16 = f.avx512vnni = f.avx512_halved = false;
   if (isa == "portable") f.avx2 = f.fma = f.f16c = false;
   return f;
 }
 
 }  // namespace
+
+// Family 0x19 is Zen 3 (no AVX-512) and Zen 4 (split); family 0x1A is Zen 5, whose server (models 0x00-0x1F),
+// desktop (0x40-0x4F) and Strix Halo (0x70-0x7F) cores have full-width units, while Strix Point (0x20-0x2F) and
+// Krackan Point (0x60-0x6F) keep 256-bit ones. Later families are taken to be full width.
+bool amd_splits_avx512(unsigned family, unsigned model) {
+  if (family < 0x1A) return true;
+  if (family > 0x1A) return false;
+  return (model >= 0x20 && model <= 0x2F) || (model >= 0x60 && model <= 0x6F);
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = capped(detect());

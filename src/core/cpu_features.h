@@ -15,7 +15,10 @@ struct CpuFeatures {
   bool avx512bf16 = false;  // vdpbf16ps
   bool avx512vnni = false;  // vpdpbusd
   bool amx = false;         // AMX tiles present and enabled by the OS
-  bool amd = false;         // an AMD CPU (Zen 4 runs each 512-bit FMA as two 256-bit halves)
+  bool amd = false;         // an AMD CPU
+  // 512-bit operations issue as two 256-bit halves (AMD's Zen 4, and the Zen 5 cores of its laptop chips): there a
+  // 512-bit FMA does no more work per cycle than a 256-bit one. Zen 5's server and desktop cores run them whole.
+  bool avx512_halved = false;
 
   bool avx2_fma_f16c() const { return avx2 && fma && f16c; }
   // The AVX-512 subset the kernels use (F, BW, VL), on top of AVX2.
@@ -23,5 +26,8 @@ struct CpuFeatures {
 };
 
 const CpuFeatures& cpu_features();
+
+// Whether an AMD CPU of this CPUID family and model issues 512-bit operations as two 256-bit halves.
+bool amd_splits_avx512(unsigned family, unsigned model);
 
 }  // namespace npusim

@@ -18,7 +18,7 @@ struct MachineProbe {
   int hardware_threads = 1;
   int threads = 1;  // N of the multi-threaded measurements
   CpuFeatures features;
-  std::string fma_kernel;  // "avx2+fma" or "scalar"
+  std::string fma_kernel;  // "avx512f", "avx2+fma" or "scalar"
   double read_gbps_1 = 0;  // GB/s (1e9 bytes per second)
   double read_gbps_n = 0;
   double fma_gflops_1 = 0;  // fp32, a fused multiply-add counted as 2 FLOPs

@@ -75,9 +75,22 @@ TEST(MachineProbe, FeaturesAgreeWithTheCompiler) {
   EXPECT_FALSE(features.avx2 || features.fma || features.f16c || features.avx512f || features.amx);
 #endif
   const MachineProbe probe = probe_machine(small_probe(1));
-  EXPECT_EQ(probe.fma_kernel, features.avx2 && features.fma ? "avx2+fma" : "scalar");
+  EXPECT_EQ(probe.fma_kernel, features.avx512() ? "avx512f" : features.avx2 && features.fma ? "avx2+fma" : "scalar");
+  if (!features.avx512f || !features.amd) EXPECT_FALSE(features.avx512_halved);
   EXPECT_EQ(probe.features.avx2, features.avx2);
   EXPECT_EQ(probe.features.amx, features.amx);
+}
+
+TEST(MachineProbe, AmdCoresThatSplit512BitOperationsInTwo) {
+  EXPECT_TRUE(amd_splits_avx512(0x19, 0x11));   // Zen 4 server (Genoa)
+  EXPECT_TRUE(amd_splits_avx512(0x19, 0x61));   // Zen 4 desktop (Raphael)
+  EXPECT_FALSE(amd_splits_avx512(0x1A, 0x02));  // Zen 5 server (Turin)
+  EXPECT_FALSE(amd_splits_avx512(0x1A, 0x11));  // Zen 5c server (Turin dense)
+  EXPECT_FALSE(amd_splits_avx512(0x1A, 0x44));  // Zen 5 desktop (Granite Ridge)
+  EXPECT_TRUE(amd_splits_avx512(0x1A, 0x24));   // Zen 5 laptop (Strix Point)
+  EXPECT_TRUE(amd_splits_avx512(0x1A, 0x60));   // Zen 5 laptop (Krackan Point)
+  EXPECT_FALSE(amd_splits_avx512(0x1A, 0x70));  // Strix Halo
+  EXPECT_FALSE(amd_splits_avx512(0x1B, 0x00));  // later families: full width
 }
 
 TEST(MachineProbe, JsonAndTextCarryEveryField) {

@@ -280,11 +280,12 @@ __attribute__((target("avx512f,avx2,fma"))) void panel_tile_avx512(int64_t steps
     for (int v = 0; v < Vectors; ++v) sums[o][v] = s[o][v];
 }
 
-// AVX-512 where it doubles the work per instruction: Intel's cores (AMD's Zen 4 splits each 512-bit multiply-add in
-// two, as the GEMM's tiles measured), rows wider than 16 pixels (narrower ones fill half a vector or less).
+// AVX-512 where it doubles the work per instruction: cores with full-width 512-bit units (Zen 4 splits each 512-bit
+// multiply-add in two, as the GEMM's tiles measured), rows wider than 16 pixels (narrower ones fill half a vector or
+// less).
 bool panel_rows_avx512_pay(int64_t out_w) {
   const CpuFeatures& cpu = cpu_features();
-  return cpu.avx512() && !cpu.amd && out_w > 2 * kLanes;
+  return cpu.avx512() && !cpu.avx512_halved && out_w > 2 * kLanes;
 }
 
 }  // namespace

@@ -85,8 +85,8 @@ int find_build_id(dl_phdr_info* info, size_t, void* data) {
 std::string features_text() {
   const CpuFeatures& f = cpu_features();
   std::string text;
-  for (const bool feature :
-       {f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vl, f.avx512bf16, f.avx512vnni, f.amx, f.amd})
+  for (const bool feature : {f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw, f.avx512vl, f.avx512bf16, f.avx512vnni,
+                             f.amx, f.amd, f.avx512_halved})
     text += feature ? '1' : '0';
   return text;
 }

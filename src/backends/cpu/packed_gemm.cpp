@@ -256,7 +256,7 @@ bool use_avx2() { return active_kernel() != GemmKernelChoice::Portable; }
 // 6x32 AVX-512 one on every ResNet product (the 7x7 stem's 64 x 12544 x 147: 82 against 72 GFLOP/s; N=49: 95
 // against 88), and ResNet-50 ran 3% faster. Half-precision panels keep the AVX-512 tiles (their conversions gain).
 bool fp32_prefers_avx2() {
-  return cpu_features().amd && g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best;
+  return cpu_features().avx512_halved && g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best;
 }
 
 #ifdef NPUSIM_GEMM_X86
