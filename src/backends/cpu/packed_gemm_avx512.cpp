@@ -22,13 +22,20 @@ constexpr int64_t NR = kGemmTileCols;
 #define NPUSIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 // A prepacked weight used as A streams from memory once per product, 24 bytes per depth step, faster than the
-// hardware prefetchers bring it: each step asks for the line 10 steps ahead into L1 and the one 170 steps ahead
-// into L2. Measured on Winograd's transform-point products (M=512, N=16, K=512 over 16.8 MB of weights): 2.4 ms
-// per convolution without, 1.55 ms with; ResNet-18 29.4 -> 26.6 ms. An A block packed during the product is in L2
-// already, where the requests cost one issue slot each.
+// hardware prefetchers bring it: the kernels ask for the lines 10 steps ahead into L1 and 170 steps ahead into L2.
+// Measured on Winograd's transform-point products (M=512, N=16, K=512 over 16.8 MB of weights): 2.4 ms per
+// convolution without, 1.55 ms with; ResNet-18 29.4 -> 26.6 ms. Eight steps of a panel are three whole lines, so
+// the requests go once per line, every eight steps: asked at every step (five times per line), they took a quarter
+// of a Zen 5 core's 12x16 tile (512 x 16 x 512 from memory: 120 against 184 GFLOP/s once per line).
+constexpr int64_t kPrefetchSteps = 8;
+static_assert(kPrefetchSteps * MR * sizeof(float) == 3 * 64);
+
 NPUSIM_AVX512 inline void prefetch_a(const float* a) {
-  _mm_prefetch(reinterpret_cast<const char*>(a) + 256, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(a) + 4096, _MM_HINT_T1);
+  const char* at = reinterpret_cast<const char*>(a);
+  for (int line = 0; line < 3; ++line) {
+    _mm_prefetch(at + 256 + 64 * line, _MM_HINT_T0);
+    _mm_prefetch(at + 4096 + 64 * line, _MM_HINT_T1);
+  }
 }
 
 template <Elem BE>
@@ -56,24 +63,57 @@ NPUSIM_AVX512 inline void store_tile(const __m512 (&s)[Rows][Panels], float* c, 
   }
 }
 
+// One depth step of `Rows` rows of A (six per panel) against one or two B panels.
+template <Elem BE, int Panels, int Rows>
+NPUSIM_AVX512 inline void tile_step(__m512 (&s)[Rows][Panels], const float* const (&a)[Rows / MR], const std::byte* b0,
+                                    const std::byte* b1) {
+  const __m512 x0 = load_b_row<BE>(b0);
+  __m512 x1 = x0;
+  if constexpr (Panels == 2) x1 = load_b_row<BE>(b1);
+  for (int r = 0; r < Rows; ++r) {
+    const __m512 ar = _mm512_set1_ps(a[r / MR][r % MR]);
+    s[r][0] = _mm512_fmadd_ps(ar, x0, s[r][0]);
+    if constexpr (Panels == 2) s[r][1] = _mm512_fmadd_ps(ar, x1, s[r][1]);
+  }
+}
+
+// The sums of a tile over the whole depth: `Rows / MR` A panels (6 or 12 rows) against one or two B panels, A's
+// prefetch once per eight steps.
+template <Elem BE, int Panels, int Rows>
+NPUSIM_AVX512 inline void tile_sums(int64_t kc, const float* const (&a_panels)[Rows / MR], const std::byte* b0,
+                                    const std::byte* b1, __m512 (&s)[Rows][Panels]) {
+  constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
+  constexpr int kPanelsA = Rows / MR;
+  for (int r = 0; r < Rows; ++r)
+    for (int q = 0; q < Panels; ++q) s[r][q] = _mm512_setzero_ps();
+  const float* a[kPanelsA];
+  for (int i = 0; i < kPanelsA; ++i) a[i] = a_panels[i];
+  const auto advance = [&] {
+    for (int i = 0; i < kPanelsA; ++i) a[i] += MR;
+    b0 += kStep;
+    b1 += kStep;
+  };
+  int64_t p = 0;
+  for (; p + kPrefetchSteps <= kc; p += kPrefetchSteps) {
+    for (int i = 0; i < kPanelsA; ++i) prefetch_a(a[i]);
+#pragma GCC unroll 8
+    for (int64_t q = 0; q < kPrefetchSteps; ++q) {
+      tile_step<BE, Panels, Rows>(s, a, b0, b1);
+      advance();
+    }
+  }
+  for (; p < kc; ++p) {
+    tile_step<BE, Panels, Rows>(s, a, b0, b1);
+    advance();
+  }
+}
+
 template <Elem BE, int Panels>
 NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c,
                                 int64_t ldc, bool accumulate) {
-  constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
   __m512 s[MR][Panels];
-  for (int r = 0; r < MR; ++r)
-    for (int q = 0; q < Panels; ++q) s[r][q] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; ++p, a += MR, b0 += kStep, b1 += kStep) {
-    prefetch_a(a);
-    const __m512 x0 = load_b_row<BE>(b0);
-    __m512 x1 = x0;
-    if constexpr (Panels == 2) x1 = load_b_row<BE>(b1);
-    for (int r = 0; r < MR; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r]);
-      s[r][0] = _mm512_fmadd_ps(ar, x0, s[r][0]);
-      if constexpr (Panels == 2) s[r][1] = _mm512_fmadd_ps(ar, x1, s[r][1]);
-    }
-  }
+  const float* const a_panels[1] = {a};
+  tile_sums<BE, Panels, MR>(kc, a_panels, b0, b1, s);
   store_tile<Panels>(s, c, ldc, accumulate);
 }
 
@@ -85,22 +125,9 @@ NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0,
 template <Elem BE, int Panels>
 NPUSIM_AVX512 void micro_avx512_rows12(int64_t kc, const float* a0, const float* a1, const std::byte* b0,
                                        const std::byte* b1, float* c, int64_t ldc, bool accumulate) {
-  constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
   __m512 s[2 * MR][Panels];
-  for (int r = 0; r < 2 * MR; ++r)
-    for (int q = 0; q < Panels; ++q) s[r][q] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < kc; ++p, a0 += MR, a1 += MR, b0 += kStep, b1 += kStep) {
-    prefetch_a(a0);
-    prefetch_a(a1);
-    const __m512 x0 = load_b_row<BE>(b0);
-    __m512 x1 = x0;
-    if constexpr (Panels == 2) x1 = load_b_row<BE>(b1);
-    for (int r = 0; r < 2 * MR; ++r) {
-      const __m512 ar = _mm512_set1_ps(r < MR ? a0[r] : a1[r - MR]);
-      s[r][0] = _mm512_fmadd_ps(ar, x0, s[r][0]);
-      if constexpr (Panels == 2) s[r][1] = _mm512_fmadd_ps(ar, x1, s[r][1]);
-    }
-  }
+  const float* const a_panels[2] = {a0, a1};
+  tile_sums<BE, Panels, 2 * MR>(kc, a_panels, b0, b1, s);
   store_tile<Panels, 2 * MR>(s, c, ldc, accumulate);
 }
 
