@@ -138,34 +138,37 @@ __attribute__((target("avx2,fma"))) float fma_avx2(int64_t iterations) {
 }
 constexpr double kAvx2FlopsPerIteration = 12 * 8 * 2;
 
-// The same on 512-bit vectors: twice the work per instruction where the core runs them whole (Intel's AVX-512 cores,
-// Zen 5's server and desktop cores), the same where it splits them in two (Zen 4).
-__attribute__((target("avx512f"))) float fma_avx512(int64_t iterations) {
-  const __m512 scale = _mm512_set1_ps(0.999999f), offset = _mm512_set1_ps(1e-7f);
+// Twelve independent chains of `Step` (a 512-bit multiply-add) on zmm registers, summed.
+template <typename Step>
+__attribute__((target("avx512f,avx512bf16"))) float chains_avx512(int64_t iterations) {
+  const Step step;
   __m512 a[12];
   for (int r = 0; r < 12; ++r) a[r] = _mm512_set1_ps(static_cast<float>(r));
   for (int64_t i = 0; i < iterations; ++i)
 #pragma GCC unroll 12
-    for (int r = 0; r < 12; ++r) a[r] = _mm512_fmadd_ps(a[r], scale, offset);
+    for (int r = 0; r < 12; ++r) a[r] = step(a[r]);
   __m512 sum = a[0];
   for (int r = 1; r < 12; ++r) sum = _mm512_add_ps(sum, a[r]);
   return _mm512_cvtss_f32(sum);
 }
+
+// fp32 FMAs on 512-bit vectors: twice the work per instruction where the core runs them whole (Intel's AVX-512 cores,
+// Zen 5's server and desktop cores), the same where it splits them in two (Zen 4).
+struct Fma512 {
+  __attribute__((target("avx512f"))) __m512 operator()(__m512 a) const {
+    return _mm512_fmadd_ps(a, _mm512_set1_ps(0.999999f), _mm512_set1_ps(1e-7f));
+  }
+};
 constexpr double kAvx512FlopsPerIteration = 12 * 16 * 2;
 
-// The same for bf16 pair products (vdpbf16ps: 16 lanes, two multiply-adds each).
-__attribute__((target("avx512f,avx512bf16"))) float bf16_dot_avx512(int64_t iterations) {
-  const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // bf16 1.0 twice
-  const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // bf16 1e-7 twice
-  __m512 a[12];
-  for (int r = 0; r < 12; ++r) a[r] = _mm512_set1_ps(static_cast<float>(r));
-  for (int64_t i = 0; i < iterations; ++i)
-#pragma GCC unroll 12
-    for (int r = 0; r < 12; ++r) a[r] = _mm512_dpbf16_ps(a[r], x, y);
-  __m512 sum = a[0];
-  for (int r = 1; r < 12; ++r) sum = _mm512_add_ps(sum, a[r]);
-  return _mm512_cvtss_f32(sum);
-}
+// bf16 pair products (vdpbf16ps: 16 lanes, two multiply-adds each).
+struct Bf16Dot512 {
+  __attribute__((target("avx512f,avx512bf16"))) __m512 operator()(__m512 a) const {
+    const __m512bh x = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x3f803f80));  // bf16 1.0 twice
+    const __m512bh y = reinterpret_cast<__m512bh>(_mm512_set1_epi32(0x33d633d6));  // bf16 1e-7 twice
+    return _mm512_dpbf16_ps(a, x, y);
+  }
+};
 constexpr double kBf16DotFlopsPerIteration = 12 * 16 * 2 * 2;
 #endif
 
@@ -231,14 +234,14 @@ MachineProbe probe_machine(const ProbeOptions& options) {
     fma_flops = kAvx2FlopsPerIteration;
   }
   if (probe.features.avx512()) {
-    fma = fma_avx512;
+    fma = chains_avx512<Fma512>;
     fma_flops = kAvx512FlopsPerIteration;
     probe.fma_kernel = "avx512f";
   }
   if (probe.features.avx512bf16) {
-    probe.bf16_dot_gflops_1 = flop_rate(1, options.repeats, bf16_dot_avx512, kBf16DotFlopsPerIteration) / 1e9;
+    probe.bf16_dot_gflops_1 = flop_rate(1, options.repeats, chains_avx512<Bf16Dot512>, kBf16DotFlopsPerIteration) / 1e9;
     probe.bf16_dot_gflops_n =
-        flop_rate(probe.threads, options.repeats, bf16_dot_avx512, kBf16DotFlopsPerIteration) / 1e9;
+        flop_rate(probe.threads, options.repeats, chains_avx512<Bf16Dot512>, kBf16DotFlopsPerIteration) / 1e9;
   }
 #endif
   probe.fma_gflops_1 = flop_rate(1, options.repeats, fma, fma_flops) / 1e9;
