@@ -62,6 +62,7 @@ struct Case {
   float low = 0.0f, high = 0.0f;
   int threads = 1;
   bool arbitrary_values = false;
+  bool b_on_lines = false;  // a strided B starting on a cache line (with b_pad, its rows may start on lines too)
 
   std::string label() const {
     std::ostringstream s;
@@ -70,7 +71,7 @@ struct Case {
       << "/" << static_cast<int>(b_elem) << (b_transposed ? "T" : "") << " c=" << static_cast<int>(c_elem)
       << " pads=" << a_pad << "," << b_pad << "," << c_pad << " bias=" << row_bias << column_bias
       << " residual=" << residual << residual_in_place << " act=" << static_cast<int>(activation)
-      << " threads=" << threads << " kernel=" << static_cast<int>(gemm_active_kernel());
+      << " threads=" << threads << " b_on_lines=" << b_on_lines << " kernel=" << static_cast<int>(gemm_active_kernel());
     return s.str();
   }
 };
@@ -88,7 +89,12 @@ void check(const Case& t) {
 
   const int64_t a_ld = (t.a_transposed ? m : k) + t.a_pad, b_ld = (t.b_transposed ? k : n) + t.b_pad;
   const std::vector<std::byte> a_bytes = store(a, m, k, t.a_elem, a_ld, t.a_transposed);
-  const std::vector<std::byte> b_bytes = store(b, k, n, t.b_elem, b_ld, t.b_transposed);
+  const std::vector<std::byte> b_stored = store(b, k, n, t.b_elem, b_ld, t.b_transposed);
+  // On a cache line when asked, else at a 4-byte offset from one.
+  std::vector<std::byte> b_space(b_stored.size() + 128);
+  const auto b_start = (reinterpret_cast<uintptr_t>(b_space.data()) + 63) / 64 * 64 + (t.b_on_lines ? 0 : 4);
+  std::byte* b_data = b_space.data() + (b_start - reinterpret_cast<uintptr_t>(b_space.data()));
+  std::copy(b_stored.begin(), b_stored.end(), b_data);
   const int64_t ldc = n + t.c_pad;
   std::vector<std::byte> c_bytes(static_cast<size_t>(std::max<int64_t>(m * ldc, 1)) * elem_size(t.c_elem));
   for (int64_t i = 0; i < m * ldc; ++i) store_float(c_bytes.data(), t.c_elem, i, kNaN);
@@ -125,13 +131,13 @@ void check(const Case& t) {
   scratch.allocate(pool.size());
   PackedMatrix a_packed, b_packed;
   GemmOperand a_operand = StridedOperand{a_bytes.data(), t.a_elem, a_ld, t.a_transposed};
-  GemmOperand b_operand = StridedOperand{b_bytes.data(), t.b_elem, b_ld, t.b_transposed};
+  GemmOperand b_operand = StridedOperand{b_data, t.b_elem, b_ld, t.b_transposed};
   if (t.a == Source::Packed) {
     a_packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), t.a_elem, m, k, a_ld, t.a_transposed);
     a_operand = &a_packed;
   }
   if (t.b == Source::Packed) {
-    b_packed = PackedMatrix::pack(GemmSide::B, b_bytes.data(), t.b_elem, k, n, b_ld, t.b_transposed);
+    b_packed = PackedMatrix::pack(GemmSide::B, b_data, t.b_elem, k, n, b_ld, t.b_transposed);
     b_operand = &b_packed;
   }
   // Twice: a second run over the same scratch gives the same answer.
@@ -317,6 +323,39 @@ TEST_P(PackedGemmTest, TwoAPanelsAtOnce) {
                .row_bias = true,
                .activation = GemmActivation::Relu,
                .threads = 2});
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
+// A row-major fp32 B whose rows start on cache lines, which the AVX-512 tiles read in place (whole panels; a last
+// partial panel is packed), through every epilogue the tiles store themselves.
+TEST_P(PackedGemmTest, StridedBOnCacheLines) {
+  for (int64_t m : {1, 7, 13, 100})
+    for (int64_t n : {16, 37, 48, 100, 513})
+      for (int64_t k : {1, 9, 300}) {
+        const Case base{.m = m,
+                        .n = n,
+                        .k = k,
+                        .a = (m + n) % 2 ? Source::Packed : Source::Strided,
+                        .b = Source::Strided,
+                        .b_pad = (n + 15) / 16 * 16 - n,
+                        .c_pad = 3,
+                        .threads = static_cast<int>(k % 2) + 1,
+                        .b_on_lines = true};
+        check(base);
+        Case t = base;
+        t.row_bias = true;
+        t.residual = true;
+        t.activation = GemmActivation::Relu;
+        check(t);
+        t = base;
+        t.column_bias = true;
+        t.residual = true;
+        t.residual_in_place = true;
+        t.activation = GemmActivation::Clamp;
+        t.low = -1.0f;
+        t.high = 2.0f;
+        check(t);
         if (testing::Test::HasFailure()) return;
       }
 }

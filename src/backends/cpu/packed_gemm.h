@@ -170,6 +170,23 @@ struct GemmOutput {
   int64_t ld = 0;
 };
 
+namespace gemm_detail {
+// Where the AVX-512 tiles store a tile's finished sums themselves, through the epilogue, instead of into the sums
+// buffer for a pass of its own: the tile's live rows and columns of an fp32 C at c (row stride ldc), + bias (per row
+// or per column, at the tile's first), + an fp32 residual, then ReLU or the clamp, in store_rows's order.
+struct TileOutput {
+  float* c = nullptr;
+  int64_t ldc = 0;
+  int64_t rows = 0, cols = 0;
+  const float* row_bias = nullptr;
+  const float* column_bias = nullptr;
+  const float* residual = nullptr;
+  int64_t residual_ld = 0;
+  GemmActivation activation = GemmActivation::None;
+  float low = 0.0f, high = 0.0f;
+};
+}  // namespace gemm_detail
+
 // The sizes of one product and which sides come prepacked, fixed at prepare time.
 struct GemmSpec {
   int64_t m = 0, n = 0, k = 0;

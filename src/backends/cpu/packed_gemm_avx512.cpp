@@ -4,6 +4,7 @@
 // attributes only; packed_gemm.cpp calls them when the CPU reports avx512f.
 // GCC 12 warns about the deliberately undefined pass-through operand inside its own AVX-512 conversion intrinsics.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -35,6 +36,34 @@ NPUSIM_AVX512 inline void prefetch_a(const float* a) {
   for (int line = 0; line < 3; ++line) {
     _mm_prefetch(at + 256 + 64 * line, _MM_HINT_T0);
     _mm_prefetch(at + 4096 + 64 * line, _MM_HINT_T1);
+  }
+}
+
+// Sums of a tile (plus c's partial sums when accumulate) through out's epilogue into its live rows and columns.
+template <int Panels, int Rows>
+NPUSIM_AVX512 inline void store_tile_through(const __m512 (&s)[Rows][Panels], const float* c, int64_t ldc,
+                                             bool accumulate, const TileOutput& out) {
+  const __m512 low = _mm512_set1_ps(out.activation == GemmActivation::Relu ? 0.0f : out.low);
+  const __m512 high = _mm512_set1_ps(out.high);
+  __mmask16 masks[Panels];
+  for (int q = 0; q < Panels; ++q) {
+    const int64_t live = std::clamp<int64_t>(out.cols - NR * q, 0, NR);
+    masks[q] = static_cast<__mmask16>((1u << live) - 1);
+  }
+  for (int r = 0; r < Rows && r < out.rows; ++r) {
+    const __m512 bias = _mm512_set1_ps(out.row_bias ? out.row_bias[r] : 0.0f);
+    for (int q = 0; q < Panels; ++q) {
+      const __mmask16 mask = masks[q];
+      if (!mask) continue;
+      __m512 x = s[r][q];
+      if (accumulate) x = _mm512_add_ps(x, _mm512_loadu_ps(c + r * ldc + NR * q));
+      if (out.column_bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, out.column_bias + NR * q));
+      if (out.row_bias) x = _mm512_add_ps(x, bias);
+      if (out.residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, out.residual + r * out.residual_ld + NR * q));
+      if (out.activation != GemmActivation::None) x = _mm512_max_ps(low, x);
+      if (out.activation == GemmActivation::Clamp) x = _mm512_min_ps(high, x);
+      _mm512_mask_storeu_ps(out.c + r * out.ldc + NR * q, mask, x);
+    }
   }
 }
 
@@ -81,8 +110,7 @@ NPUSIM_AVX512 inline void tile_step(__m512 (&s)[Rows][Panels], const float* cons
 // prefetch once per eight steps.
 template <Elem BE, int Panels, int Rows>
 NPUSIM_AVX512 inline void tile_sums(int64_t kc, const float* const (&a_panels)[Rows / MR], const std::byte* b0,
-                                    const std::byte* b1, __m512 (&s)[Rows][Panels]) {
-  constexpr size_t kStep = NR * (BE == Elem::F32 ? 4 : 2);
+                                    const std::byte* b1, int64_t b_step, __m512 (&s)[Rows][Panels]) {
   constexpr int kPanelsA = Rows / MR;
   for (int r = 0; r < Rows; ++r)
     for (int q = 0; q < Panels; ++q) s[r][q] = _mm512_setzero_ps();
@@ -90,8 +118,8 @@ NPUSIM_AVX512 inline void tile_sums(int64_t kc, const float* const (&a_panels)[R
   for (int i = 0; i < kPanelsA; ++i) a[i] = a_panels[i];
   const auto advance = [&] {
     for (int i = 0; i < kPanelsA; ++i) a[i] += MR;
-    b0 += kStep;
-    b1 += kStep;
+    b0 += b_step;
+    b1 += b_step;
   };
   int64_t p = 0;
   for (; p + kPrefetchSteps <= kc; p += kPrefetchSteps) {
@@ -109,12 +137,15 @@ NPUSIM_AVX512 inline void tile_sums(int64_t kc, const float* const (&a_panels)[R
 }
 
 template <Elem BE, int Panels>
-NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c,
-                                int64_t ldc, bool accumulate) {
+NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, int64_t b_step,
+                                float* c, int64_t ldc, bool accumulate, const TileOutput* out) {
   __m512 s[MR][Panels];
   const float* const a_panels[1] = {a};
-  tile_sums<BE, Panels, MR>(kc, a_panels, b0, b1, s);
-  store_tile<Panels>(s, c, ldc, accumulate);
+  tile_sums<BE, Panels, MR>(kc, a_panels, b0, b1, b_step, s);
+  if (out)
+    store_tile_through<Panels, MR>(s, c, ldc, accumulate, *out);
+  else
+    store_tile<Panels>(s, c, ldc, accumulate);
 }
 
 // Two A panels (12 rows: a0's six, then a1's) against one or two B panels: 12 or 24 sums in flight, enough to cover
@@ -124,11 +155,15 @@ NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0,
 // 512 x 16 x 4608 150 -> 164; ResNet-50 51.1 -> 47.4 ms on one thread.
 template <Elem BE, int Panels>
 NPUSIM_AVX512 void micro_avx512_rows12(int64_t kc, const float* a0, const float* a1, const std::byte* b0,
-                                       const std::byte* b1, float* c, int64_t ldc, bool accumulate) {
+                                       const std::byte* b1, int64_t b_step, float* c, int64_t ldc, bool accumulate,
+                                       const TileOutput* out) {
   __m512 s[2 * MR][Panels];
   const float* const a_panels[2] = {a0, a1};
-  tile_sums<BE, Panels, 2 * MR>(kc, a_panels, b0, b1, s);
-  store_tile<Panels, 2 * MR>(s, c, ldc, accumulate);
+  tile_sums<BE, Panels, 2 * MR>(kc, a_panels, b0, b1, b_step, s);
+  if (out)
+    store_tile_through<Panels, 2 * MR>(s, c, ldc, accumulate, *out);
+  else
+    store_tile<Panels, 2 * MR>(s, c, ldc, accumulate);
 }
 
 // bf16 pairs (AVX-512 BF16): a holds MR 32-bit words per depth pair (rows' values at depths 2p and 2p+1), b0/b1
@@ -157,8 +192,8 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_bf16_
 
 }  // namespace
 
-using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, float* c, int64_t ldc,
-                            bool accumulate);
+using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, int64_t b_step,
+                            float* c, int64_t ldc, bool accumulate, const TileOutput* out);
 
 // The kernel for B panels of `b_elem`, covering two panels (6x32) when `pair`, else one (6x16; b1 unused).
 PairKernel avx512_kernel(Elem b_elem, bool pair) {
@@ -173,7 +208,7 @@ PairKernel avx512_kernel(Elem b_elem, bool pair) {
 }
 
 using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
-                            float* c, int64_t ldc, bool accumulate);
+                            int64_t b_step, float* c, int64_t ldc, bool accumulate, const TileOutput* out);
 
 // The same over two A panels (12 rows).
 RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair) {
