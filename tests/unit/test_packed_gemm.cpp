@@ -327,8 +327,39 @@ TEST_P(PackedGemmTest, TwoAPanelsAtOnce) {
       }
 }
 
+// `base` with each epilogue: row or column bias, ReLU or clamp, a residual (separate, in place in C, or bf16).
+void check_each_epilogue(const Case& base) {
+  Case t = base;
+  t.row_bias = true;
+  check(t);
+  t = base;
+  t.column_bias = true;
+  t.activation = GemmActivation::Relu;
+  check(t);
+  t = base;
+  t.residual = true;
+  t.row_bias = true;
+  t.activation = GemmActivation::Clamp;
+  t.low = 0.0f;
+  t.high = 6.0f;
+  check(t);
+  t = base;
+  t.residual = true;
+  t.residual_in_place = true;
+  t.column_bias = true;
+  t.activation = GemmActivation::Relu;
+  check(t);
+  t = base;
+  t.residual = true;
+  t.residual_elem = Elem::BF16;
+  t.activation = GemmActivation::Clamp;
+  t.low = -1.5f;
+  t.high = 2.25f;
+  check(t);
+}
+
 // A row-major fp32 B whose rows start on cache lines, which the AVX-512 tiles read in place (whole panels; a last
-// partial panel is packed), through every epilogue the tiles store themselves.
+// partial panel is packed), plain and through each epilogue (the tiles store those over an fp32 residual themselves).
 TEST_P(PackedGemmTest, StridedBOnCacheLines) {
   for (int64_t m : {1, 7, 13, 100})
     for (int64_t n : {16, 37, 48, 100, 513})
@@ -343,19 +374,7 @@ TEST_P(PackedGemmTest, StridedBOnCacheLines) {
                         .threads = static_cast<int>(k % 2) + 1,
                         .b_on_lines = true};
         check(base);
-        Case t = base;
-        t.row_bias = true;
-        t.residual = true;
-        t.activation = GemmActivation::Relu;
-        check(t);
-        t = base;
-        t.column_bias = true;
-        t.residual = true;
-        t.residual_in_place = true;
-        t.activation = GemmActivation::Clamp;
-        t.low = -1.0f;
-        t.high = 2.0f;
-        check(t);
+        check_each_epilogue(base);
         if (testing::Test::HasFailure()) return;
       }
 }
@@ -366,33 +385,7 @@ TEST_P(PackedGemmTest, Epilogues) {
     for (Elem c_elem : {Elem::F32, Elem::F16, Elem::BF16})
       for (int threads : {1, 2}) {
         const Case base{.m = m, .n = n, .k = k, .c_elem = c_elem, .c_pad = 2, .threads = threads};
-        Case t = base;
-        t.row_bias = true;
-        check(t);
-        t = base;
-        t.column_bias = true;
-        t.activation = GemmActivation::Relu;
-        check(t);
-        t = base;
-        t.residual = true;
-        t.row_bias = true;
-        t.activation = GemmActivation::Clamp;
-        t.low = 0.0f;
-        t.high = 6.0f;
-        check(t);
-        t = base;
-        t.residual = true;
-        t.residual_in_place = true;
-        t.column_bias = true;
-        t.activation = GemmActivation::Relu;
-        check(t);
-        t = base;
-        t.residual = true;
-        t.residual_elem = Elem::BF16;
-        t.activation = GemmActivation::Clamp;
-        t.low = -1.5f;
-        t.high = 2.25f;
-        check(t);
+        check_each_epilogue(base);
         if (testing::Test::HasFailure()) return;
       }
 }

@@ -1377,6 +1377,27 @@ void run_region_amx(const Region& region, const Operands& ops, int64_t k, int64_
 #endif
 
 // `shared_b`, when given, holds all of B packed (panel p at p * k * NR) and the region packs none of it.
+// Where the AVX-512 tile whose first sum is C's (row, col), with `rows` rows and `cols` columns of C left from there,
+// stores its sums through the epilogue (an fp32 C and residual).
+gemm_detail::TileOutput tile_output(const Operands& ops, int64_t row, int64_t col, int64_t rows, int64_t cols) {
+  const GemmEpilogue& e = ops.epilogue;
+  gemm_detail::TileOutput out;
+  out.c = reinterpret_cast<float*>(ops.c.data) + row * ops.c.ld + col;
+  out.ldc = ops.c.ld;
+  out.rows = rows;
+  out.cols = cols;
+  if (e.bias && e.bias_per_column) out.column_bias = e.bias + col;
+  if (e.bias && !e.bias_per_column) out.row_bias = e.bias + row;
+  if (e.residual) {
+    out.residual = reinterpret_cast<const float*>(e.residual) + row * e.residual_ld + col;
+    out.residual_ld = e.residual_ld;
+  }
+  out.activation = e.activation;
+  out.low = e.low;
+  out.high = e.high;
+  return out;
+}
+
 void run_region(const Region& region, const Operands& ops, const GemmSpec& spec, int64_t kc, int64_t mc, int64_t nc,
                 const WorkerBuffers& buffers, GemmKernelChoice kernel, const float* shared_b = nullptr) {
   const bool avx2 = kernel != GemmKernelChoice::Portable;
@@ -1500,7 +1521,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
         auto b_panel = [&](int64_t jr) {
           if (jr < in_place_cols)
             return strided_b->data + static_cast<size_t>(pc * strided_b->ld + jc + jr) * sizeof(float);
-          jr -= in_place_cols;
+          jr -= in_place_cols;  // the packed panels start at the first column not read in place
           if (packed_b) return packed_b->panel((jc + jr) / NR) + static_cast<size_t>(pc * NR) * b_es;
           if (shared_b) return reinterpret_cast<const std::byte*>(shared_b + ((jc + jr) / NR * k + pc) * NR);
           return reinterpret_cast<const std::byte*>(buffers.b_block) +
@@ -1525,33 +1546,19 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
             const auto b_step = static_cast<int64_t>(in_place ? strided_b->ld * sizeof(float) : NR * b_es);
             // The last depth block's tiles store through the epilogue themselves where they can.
             const bool through = fused && pc + depth >= k;
-            const auto tile_output = [&](int64_t panel) {
-              const int64_t row = ic + panel * MR, col = jc + jr;
-              gemm_detail::TileOutput out;
-              out.c = reinterpret_cast<float*>(ops.c.data) + row * ops.c.ld + col;
-              out.ldc = ops.c.ld;
-              out.rows = rows - panel * MR;
-              out.cols = cols - jr;
-              if (e.bias)
-                (e.bias_per_column ? out.column_bias : out.row_bias) = e.bias + (e.bias_per_column ? col : row);
-              if (e.residual) {
-                out.residual = reinterpret_cast<const float*>(e.residual) + row * e.residual_ld + col;
-                out.residual_ld = e.residual_ld;
-              }
-              out.activation = e.activation;
-              out.low = e.low;
-              out.high = e.high;
-              return out;
-            };
             int64_t panel = 0;
             for (; panel + 1 < panels; panel += 2) {
-              const gemm_detail::TileOutput out = through ? tile_output(panel) : gemm_detail::TileOutput{};
+              const gemm_detail::TileOutput out =
+                  through ? tile_output(ops, ic + panel * MR, jc + jr, rows - panel * MR, cols - jr)
+                          : gemm_detail::TileOutput{};
               (pair ? pair512_rows12 : single512_rows12)(depth, a_panel(panel), a_panel(panel + 1), b0, b1, b_step,
                                                          buffers.sums + panel * MR * nc + jr, nc, pc > 0,
                                                          through ? &out : nullptr);
             }
             for (; panel < panels; ++panel) {
-              const gemm_detail::TileOutput out = through ? tile_output(panel) : gemm_detail::TileOutput{};
+              const gemm_detail::TileOutput out =
+                  through ? tile_output(ops, ic + panel * MR, jc + jr, rows - panel * MR, cols - jr)
+                          : gemm_detail::TileOutput{};
               (pair ? pair512 : single512)(depth, a_panel(panel), b0, b1, b_step, buffers.sums + panel * MR * nc + jr,
                                            nc, pc > 0, through ? &out : nullptr);
             }
