@@ -1,6 +1,6 @@
 // The packed GEMM's convolution-shaped paths against double-precision references, every element: the patch matrix
-// packed straight from the input (row runs, hardware gathers) and from the input split by stride phases, the phase
-// split itself, and products whose last B panel holds a single column. Operand values are multiples of 1/4 in
+// packed straight from the input (row runs, hardware gathers, permutes) and from the input split by stride phases, the
+// phase split itself, and products whose last B panel holds a single column. Operand values are multiples of 1/4 in
 // [-1.25, 1.25], so every sum is exact in fp32 and results must match exactly.
 #include <gtest/gtest.h>
 
@@ -62,13 +62,14 @@ Im2colOperand operand(const ConvShape& g, const float* input) {
 }
 
 // Odd sizes, every stride from 1 to 3, padding, dilation, a single channel and empty inputs; output rows shorter
-// than a panel, between one and four panels, and longer (the packing paths switch at four panels).
+// than a panel, between one and four panels, and longer (the packing paths switch at four panels); panels of one to
+// four runs of output pixels, and of more (AVX-512 packs up to four runs a panel with permutes, more with gathers).
 const std::vector<ConvShape> kShapes = {
     {3, 9, 11, 3, 3, 1, 1, 1, 1, 1, 1},   {2, 8, 7, 3, 2, 2, 1, 0, 1, 1, 1},   {4, 10, 10, 3, 3, 2, 2, 2, 2, 2, 2},
     {1, 5, 40, 1, 5, 1, 3, 0, 2, 1, 1},   {5, 14, 14, 1, 1, 2, 2, 0, 0, 1, 1}, {3, 15, 15, 3, 3, 2, 2, 1, 1, 1, 1},
     {3, 11, 141, 7, 7, 2, 2, 3, 3, 1, 1}, {4, 6, 131, 1, 1, 2, 2, 0, 0, 1, 1}, {2, 9, 200, 3, 3, 3, 3, 1, 1, 1, 1},
     {2, 7, 150, 3, 5, 2, 2, 2, 1, 2, 2},  {1, 3, 129, 2, 2, 2, 2, 0, 0, 1, 1}, {3, 5, 133, 3, 3, 1, 2, 1, 1, 1, 1},
-    {0, 6, 130, 3, 3, 2, 2, 1, 1, 1, 1},
+    {0, 6, 130, 3, 3, 2, 2, 1, 1, 1, 1},  {3, 9, 56, 3, 3, 2, 2, 1, 1, 1, 1},  {2, 5, 6, 3, 3, 2, 2, 1, 1, 1, 1},
 };
 
 // C = A [m, k] (prepacked) times the patches of `s` plus a row bias and a residual, then ReLU, into rows of ldc

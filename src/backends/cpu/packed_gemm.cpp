@@ -71,6 +71,8 @@ RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair);  // the same over two A
 using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
                                 int64_t ldc, bool accumulate);
 Bf16PairKernel avx512_bf16_pair_kernel(bool pair);  // packed_gemm_avx512.cpp
+// One panel of a convolution's patch matrix with AVX-512 permutes; false, writing nothing, where it cannot.
+bool pack_im2col_panel_permuted(const Im2colOperand& s, int64_t k, int64_t pixel0, int64_t width, float* panel);
 // packed_gemm_amx.cpp: this thread's tile registers set up for amx_bf16_tiles, and given back.
 void amx_configure();
 void amx_release();
@@ -752,7 +754,7 @@ void pack_b_im2col_phases(const Im2colOperand& s, int64_t k, int64_t col0, int64
 // fixed stride, zero where the tap falls into the padding. Which lanes of a run read inside their row depends only
 // on the kernel column, so it is worked out once per panel and kernel column (kernels up to kMaxSpanTaps wide),
 // not once per tap: the 7x7 stem packs 147 rows of taps per panel.
-void pack_b_im2col(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols, float* dst, bool avx2) {
+void pack_b_im2col(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols, float* dst, bool avx2, bool avx512) {
   struct Run {
     int64_t lane, count, iy, ix;  // first lane, lanes, input coordinates of the first lane's top-left tap
   };
@@ -775,12 +777,17 @@ void pack_b_im2col(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols
   if (s.phases) return pack_b_im2col_phases(s, k, col0, cols, dst);
 #ifdef NPUSIM_GEMM_X86
   if (avx2 && gathered_im2col(s)) {
-    for (int64_t jr = 0; jr < cols; jr += NR)
-      pack_im2col_panel_gathered(s, k, col0 + jr, std::min(NR, cols - jr), dst + jr / NR * k * NR);
+    for (int64_t jr = 0; jr < cols; jr += NR) {
+      const int64_t width = std::min(NR, cols - jr);
+      float* panel = dst + jr / NR * k * NR;
+      if (!avx512 || !gemm_detail::pack_im2col_panel_permuted(s, k, col0 + jr, width, panel))
+        pack_im2col_panel_gathered(s, k, col0 + jr, width, panel);
+    }
     return;
   }
 #endif
-  (void)avx2;  // only x86 has a vector gather
+  (void)avx2;  // only x86 has vector gathers and permutes
+  (void)avx512;
   const bool cached_spans = s.kernel_w <= kMaxSpanTaps;
   for (int64_t jr = 0; jr < cols; jr += NR) {
     float* panel = dst + jr / NR * k * NR;
@@ -1504,7 +1511,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
       else if (strided_b)
         pack_b_strided(*strided_b, k, jc + in_place_cols, cols - in_place_cols, buffers.b_block, avx2);
       else
-        pack_b_im2col(std::get<Im2colOperand>(ops.b), k, jc, cols, buffers.b_block, avx2);
+        pack_b_im2col(std::get<Im2colOperand>(ops.b), k, jc, cols, buffers.b_block, avx2, avx512);
     }
     for (int64_t ic = region.row0; ic < region.row1; ic += mc) {
       const int64_t rows = std::min(mc, region.row1 - ic);
@@ -1628,13 +1635,14 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
   if (grid.shared_b) {
     shared_b = shared_b_of(scratch);
     const bool avx2 = kernel != GemmKernelChoice::Portable;
+    const bool avx512 = kernel == GemmKernelChoice::Avx512 || kernel == GemmKernelChoice::Amx;
     pool.parallel_for(col_panels, 1, [&](int64_t first, int64_t last, int) {
       const int64_t col0 = first * NR, cols = std::min(s.n, last * NR) - col0;
       float* dst = shared_b + first * s.k * NR;
       if (const auto* strided = std::get_if<StridedOperand>(&b))
         pack_b_strided(*strided, s.k, col0, cols, dst, avx2);
       else
-        pack_b_im2col(std::get<Im2colOperand>(b), s.k, col0, cols, dst, avx2);
+        pack_b_im2col(std::get<Im2colOperand>(b), s.k, col0, cols, dst, avx2, avx512);
     });
   }
   const int64_t pieces = grid.rows * grid.cols;

@@ -192,6 +192,80 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16"))) void micro_bf16_
 
 }  // namespace
 
+// One panel of a convolution's patch matrix (columns [pixel0, pixel0 + width), width <= NR) with permutes instead of
+// hardware gathers: the panel's pixels split into runs along output rows; per kernel tap, a run's values are every
+// stride-th of at most 32 consecutive values of one input row, which two masked loads (zero in the padding, nothing
+// read outside the row) and one two-source permute put into the run's lanes. Masks and indices are worked out once
+// per tap and serve every channel. False, having written nothing, when the panel splits into more than kMaxRuns runs
+// or the stride is wider than the permute can span (stride_w > 2).
+NPUSIM_AVX512 bool pack_im2col_panel_permuted(const Im2colOperand& s, int64_t k, int64_t pixel0, int64_t width,
+                                              float* panel) {
+  constexpr int kMaxRuns = 4;
+  if (s.stride_w > 2 || width < 1 || width > NR) return false;
+  struct Run {
+    int64_t lane, count, oy, ox;
+  };
+  Run runs[kMaxRuns];
+  int count = 0;
+  for (int64_t j = 0; j < width;) {
+    if (count == kMaxRuns) return false;
+    const int64_t pixel = pixel0 + j, oy = pixel / s.out_w, ox = pixel % s.out_w;
+    const int64_t lanes = std::min(width - j, s.out_w - ox);
+    runs[count++] = {j, lanes, oy, ox};
+    j += lanes;
+  }
+  // Per tap and run: where in a channel's plane the first value it reads inside the row lies, which of the 32 values
+  // from there lie inside the row, which lanes read inside it and which of those values each lane takes.
+  struct RunTap {
+    int64_t offset;
+    __mmask16 low, high, lanes;
+    __m512i index;
+  };
+  const int64_t taps = s.kernel_h * s.kernel_w, channels = k / taps, plane = s.height * s.width;
+  for (int64_t ky = 0; ky < s.kernel_h; ++ky)
+    for (int64_t kx = 0; kx < s.kernel_w; ++kx) {
+      RunTap live[kMaxRuns];
+      int used = 0;
+      for (int r = 0; r < count; ++r) {
+        const Run& run = runs[r];
+        const int64_t iy = run.oy * s.stride_h - s.pad_h + ky * s.dilation_h;
+        if (iy < 0 || iy >= s.height) continue;  // the run's lanes stay zero
+        const int64_t ix = run.ox * s.stride_w - s.pad_w + kx * s.dilation_w;
+        // The lanes whose value lies inside the row, and the window of 32 values from the first of those.
+        uint32_t lanes = 0;
+        int64_t first = -1;
+        for (int64_t j = 0; j < run.count; ++j) {
+          const int64_t at = ix + j * s.stride_w;
+          if (at < 0 || at >= s.width) continue;
+          lanes |= 1u << (run.lane + j);
+          if (first < 0) first = at;
+        }
+        if (!lanes) continue;
+        const int64_t last = std::min<int64_t>(s.width, ix + (run.count - 1) * s.stride_w + 1);  // past the run's
+        const int64_t window = std::min<int64_t>(2 * NR, last - first);
+        const uint32_t inside = window == 32 ? ~0u : (1u << window) - 1;
+        alignas(64) int32_t index[NR] = {};
+        for (int64_t j = 0; j < run.count; ++j)
+          index[run.lane + j] = static_cast<int32_t>(std::max<int64_t>(0, ix + j * s.stride_w - first));
+        live[used++] = {iy * s.width + first, static_cast<__mmask16>(inside), static_cast<__mmask16>(inside >> 16),
+                        static_cast<__mmask16>(lanes), _mm512_load_si512(index)};
+      }
+      float* out = panel + (ky * s.kernel_w + kx) * NR;
+      const float* in = s.input;
+      for (int64_t c = 0; c < channels; ++c, out += taps * NR, in += plane) {
+        __m512 values = _mm512_setzero_ps();
+        for (int r = 0; r < used; ++r) {
+          const RunTap& t = live[r];
+          const __m512 low = _mm512_maskz_loadu_ps(t.low, in + t.offset);
+          const __m512 high = _mm512_maskz_loadu_ps(t.high, in + t.offset + NR);
+          values = _mm512_mask_mov_ps(values, t.lanes, _mm512_permutex2var_ps(low, t.index, high));
+        }
+        _mm512_storeu_ps(out, values);
+      }
+    }
+  return true;
+}
+
 using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, int64_t b_step,
                             float* c, int64_t ldc, bool accumulate, const TileOutput* out);
 
