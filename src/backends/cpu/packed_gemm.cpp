@@ -1540,30 +1540,37 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           return buffers.a_block + panel * depth * MR;
         };
         const int64_t panels = ceil_div(rows, MR);
+        // A last panel of one live column goes to the column kernel: a tile would do sixteen columns' work for it
+        // (on AVX-512, a whole 12x16 tile; the 7x7 images' 49 columns end in one).
+        [[maybe_unused]] const bool column_kernel = avx2 && b_elem == Elem::F32 && depth <= kMaxDepthBlockFewColumns;
         for (int64_t jr = 0; jr < cols;) {
           const std::byte* b0 = b_panel(jr);
 #ifdef NPUSIM_GEMM_X86
+          if (column_kernel && cols - jr == 1) {
+            const auto b_step = static_cast<int64_t>(jr < in_place_cols ? strided_b->ld * sizeof(float) : NR * b_es);
+            alignas(32) float column[kMaxDepthBlockFewColumns];
+            for (int64_t p = 0; p < depth; ++p) column[p] = *reinterpret_cast<const float*>(b0 + p * b_step);
+            for (int64_t panel = 0; panel < panels; ++panel) {
+              const PanelRows tile = panel_rows(rows, panel, balanced);
+              // The column tile writes all MR rows: not for the two panels that share their rows.
+              if (tile.count == MR || (panel == panels - 1 && tile.first % MR == 0))
+                micro_column_avx2(depth, a_panel(panel), column, buffers.sums + tile.first * nc + jr, nc, pc > 0);
+              else
+                kernels[tile.count][true](depth, a_panel(panel), b0, buffers.sums + tile.first * nc + jr, nc, pc > 0);
+            }
+            if (fused && pc + depth >= k)  // the tiles stored theirs through the epilogue already
+              store_rows(buffers.sums + jr, nc, rows, 1, ic, jc + jr, ops.c, ops.epilogue, avx2);
+            jr += NR;
+            continue;
+          }
           // Two B panels at a time while two remain, and two A panels (12 rows) at a time while two remain (the
           // sums buffer is padded to whole panels).
           if (wide) {
-            // A last panel of one live column: 12 rows of it cost a whole 12x16 tile, the column kernel an eighth
-            // of that (the 7x7 images' 49 columns end in one).
-            if (cols - jr == 1 && b_elem == Elem::F32 && depth <= kMaxDepthBlockFewColumns) {
-              const auto b_step = static_cast<int64_t>(jr < in_place_cols ? strided_b->ld * sizeof(float) : NR * b_es);
-              alignas(32) float column[kMaxDepthBlockFewColumns];
-              for (int64_t p = 0; p < depth; ++p) column[p] = *reinterpret_cast<const float*>(b0 + p * b_step);
-              for (int64_t panel = 0; panel < panels; ++panel)
-                micro_column_avx2(depth, a_panel(panel), column, buffers.sums + panel * MR * nc + jr, nc, pc > 0);
-              if (fused && pc + depth >= k)
-                store_rows(buffers.sums + jr, nc, rows, 1, ic, jc + jr, ops.c, ops.epilogue, avx2);
-              jr += NR;
-              continue;
-            }
             // A pair reads both of its panels in place, or both packed; it leaves a last single column to the
-            // column kernel above.
+            // column kernel.
             const bool in_place = jr < in_place_cols;
-            const bool column_next = cols - jr == NR + 1 && b_elem == Elem::F32 && depth <= kMaxDepthBlockFewColumns;
-            const bool pair = cols - jr > NR && !column_next && (!in_place || jr + 2 * NR <= in_place_cols);
+            const bool pair = cols - jr > NR && !(column_kernel && cols - jr == NR + 1) &&
+                              (!in_place || jr + 2 * NR <= in_place_cols);
             const std::byte* b1 = pair ? b_panel(jr + NR) : b0;
             const auto b_step = static_cast<int64_t>(in_place ? strided_b->ld * sizeof(float) : NR * b_es);
             // The last depth block's tiles store through the epilogue themselves where they can.
@@ -1585,22 +1592,6 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
                                            nc, pc > 0, through ? &out : nullptr);
             }
             jr += pair ? 2 * NR : NR;
-            continue;
-          }
-#endif
-#ifdef NPUSIM_GEMM_X86
-          if (avx2 && cols - jr == 1 && b_elem == Elem::F32 && depth <= kMaxDepthBlockFewColumns) {
-            alignas(32) float column[kMaxDepthBlockFewColumns];
-            for (int64_t p = 0; p < depth; ++p) column[p] = reinterpret_cast<const float*>(b0)[p * NR];
-            for (int64_t panel = 0; panel < panels; ++panel) {
-              const PanelRows tile = panel_rows(rows, panel, balanced);
-              // The column tile writes all MR rows: not for the two panels that share their rows.
-              if (tile.count == MR || (panel == panels - 1 && tile.first % MR == 0))
-                micro_column_avx2(depth, a_panel(panel), column, buffers.sums + tile.first * nc + jr, nc, pc > 0);
-              else
-                kernels[tile.count][true](depth, a_panel(panel), b0, buffers.sums + tile.first * nc + jr, nc, pc > 0);
-            }
-            jr += NR;
             continue;
           }
 #endif
