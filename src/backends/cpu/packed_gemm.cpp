@@ -1387,7 +1387,6 @@ void run_region_amx(const Region& region, const Operands& ops, int64_t k, int64_
 }
 #endif
 
-// `shared_b`, when given, holds all of B packed (panel p at p * k * NR) and the region packs none of it.
 // Where the AVX-512 tile whose first sum is C's (row, col), with `rows` rows and `cols` columns of C left from there,
 // stores its sums through the epilogue (an fp32 C and residual).
 gemm_detail::TileOutput tile_output(const Operands& ops, int64_t row, int64_t col, int64_t rows, int64_t cols) {
@@ -1409,14 +1408,21 @@ gemm_detail::TileOutput tile_output(const Operands& ops, int64_t row, int64_t co
   return out;
 }
 
+// Whether products with `kernel` run the AVX-512 tiles (and pack patches with AVX-512 permutes).
+bool avx512_tiles(GemmKernelChoice kernel) {
+#ifdef NPUSIM_GEMM_X86
+  return kernel == GemmKernelChoice::Avx512 || kernel == GemmKernelChoice::Amx;
+#else
+  (void)kernel;
+  return false;
+#endif
+}
+
+// `shared_b`, when given, holds all of B packed (panel p at p * k * NR) and the region packs none of it.
 void run_region(const Region& region, const Operands& ops, const GemmSpec& spec, int64_t kc, int64_t mc, int64_t nc,
                 const WorkerBuffers& buffers, GemmKernelChoice kernel, const float* shared_b = nullptr) {
   const bool avx2 = kernel != GemmKernelChoice::Portable;
-#ifdef NPUSIM_GEMM_X86
-  const bool avx512 = kernel == GemmKernelChoice::Avx512 || kernel == GemmKernelChoice::Amx;
-#else
-  constexpr bool avx512 = false;
-#endif
+  const bool avx512 = avx512_tiles(kernel);
   const int64_t k = spec.k;
   const PackedMatrix* packed_a = spec.a_prepacked ? std::get<const PackedMatrix*>(ops.a) : nullptr;
   const PackedMatrix* packed_b = spec.b_prepacked ? std::get<const PackedMatrix*>(ops.b) : nullptr;
@@ -1538,6 +1544,10 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           return reinterpret_cast<const std::byte*>(buffers.b_block) +
                  static_cast<size_t>(jr / NR * k * NR + pc * NR) * b_es;
         };
+        // Bytes from one depth step of the panel at column jr to the next: a row of B where it is read in place.
+        [[maybe_unused]] auto b_step_of = [&](int64_t jr) {
+          return static_cast<int64_t>(jr < in_place_cols ? strided_b->ld * sizeof(float) : NR * b_es);
+        };
         auto a_panel = [&](int64_t panel) -> const float* {
           if (direct_a) return reinterpret_cast<const float*>(packed_a->panel(ic / MR + panel)) + pc * MR;
           if (whole_a) return buffers.whole_a + ((ic - region.row0) / MR + panel) * k * MR + pc * MR;
@@ -1554,7 +1564,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           const std::byte* b0 = b_panel(jr);
 #ifdef NPUSIM_GEMM_X86
           if (column_kernel && cols - jr == 1) {
-            const auto b_step = static_cast<int64_t>(jr < in_place_cols ? strided_b->ld * sizeof(float) : NR * b_es);
+            const int64_t b_step = b_step_of(jr);
             alignas(32) float column[kMaxDepthBlockFewColumns];
             for (int64_t p = 0; p < depth; ++p) column[p] = *reinterpret_cast<const float*>(b0 + p * b_step);
             for (int64_t panel = first; panel < end; ++panel) {
@@ -1581,7 +1591,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
             const bool pair = cols - jr > NR && !(column_kernel && cols - jr == NR + 1) &&
                               (!in_place || jr + 2 * NR <= in_place_cols);
             const std::byte* b1 = pair ? b_panel(jr + NR) : b0;
-            const auto b_step = static_cast<int64_t>(in_place ? strided_b->ld * sizeof(float) : NR * b_es);
+            const int64_t b_step = b_step_of(jr);
             int64_t panel = first;
             for (; panel + 1 < end; panel += 2) {
               const gemm_detail::TileOutput out =
@@ -1656,7 +1666,7 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
   if (grid.shared_b) {
     shared_b = shared_b_of(scratch);
     const bool avx2 = kernel != GemmKernelChoice::Portable;
-    const bool avx512 = kernel == GemmKernelChoice::Avx512 || kernel == GemmKernelChoice::Amx;
+    const bool avx512 = avx512_tiles(kernel);
     pool.parallel_for(col_panels, 1, [&](int64_t first, int64_t last, int) {
       const int64_t col0 = first * NR, cols = std::min(s.n, last * NR) - col0;
       float* dst = shared_b + first * s.k * NR;

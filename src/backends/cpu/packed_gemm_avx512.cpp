@@ -241,9 +241,9 @@ NPUSIM_AVX512 bool pack_im2col_panel_permuted(const Im2colOperand& s, int64_t k,
           if (first < 0) first = at;
         }
         if (!lanes) continue;
-        const int64_t last = std::min<int64_t>(s.width, ix + (run.count - 1) * s.stride_w + 1);  // past the run's
-        const int64_t window = std::min<int64_t>(2 * NR, last - first);
-        const uint32_t inside = window == 32 ? ~0u : (1u << window) - 1;
+        // Past the run's last value inside the row: at most (NR - 1) * 2 + 1 = 31 values from `first`.
+        const int64_t last = std::min<int64_t>(s.width, ix + (run.count - 1) * s.stride_w + 1);
+        const uint32_t inside = (1u << (last - first)) - 1;
         alignas(64) int32_t index[NR] = {};
         for (int64_t j = 0; j < run.count; ++j)
           index[run.lane + j] = static_cast<int32_t>(std::max<int64_t>(0, ix + j * s.stride_w - first));
