@@ -1408,6 +1408,23 @@ gemm_detail::TileOutput tile_output(const Operands& ops, int64_t row, int64_t co
   return out;
 }
 
+#ifdef NPUSIM_GEMM_X86
+// Asks for the two lines of C and of the residual at column `col` of rows [row0, row1) into L2.
+void prefetch_tile_rows(const Operands& ops, int64_t row0, int64_t row1, int64_t col) {
+  const auto* c = reinterpret_cast<const char*>(ops.c.data);
+  const auto* residual = reinterpret_cast<const char*>(ops.epilogue.residual);
+  for (int64_t r = row0; r < row1; ++r) {
+    const char* line = c + static_cast<size_t>(r * ops.c.ld + col) * sizeof(float);
+    _mm_prefetch(line, _MM_HINT_T1);
+    _mm_prefetch(line + NR * sizeof(float), _MM_HINT_T1);
+    if (!residual) continue;
+    const char* add = residual + static_cast<size_t>(r * ops.epilogue.residual_ld + col) * sizeof(float);
+    _mm_prefetch(add, _MM_HINT_T1);
+    _mm_prefetch(add + NR * sizeof(float), _MM_HINT_T1);
+  }
+}
+#endif
+
 // Whether products with `kernel` run the AVX-512 tiles (and pack patches with AVX-512 permutes).
 bool avx512_tiles(GemmKernelChoice kernel) {
 #ifdef NPUSIM_GEMM_X86
@@ -1585,6 +1602,14 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           // Two B panels at a time while two remain, and two A panels (12 rows) at a time while two remain (the
           // sums buffer is padded to whole panels).
           if (wide) {
+            // The C and residual lines that the tiles a little later store through the epilogue, asked into L2
+            // now: a tile's rows lie a whole row of C apart, which the hardware prefetchers do not follow (with C
+            // and the residual out of the caches, 256 x 3136 x 64 with a residual took 1.6 ms, 1.1 ms with these).
+            if (through) {
+              const int64_t ahead = jc + jr + (end - first <= 2 ? 2 : 1) * 2 * NR;
+              if (ahead + 2 * NR <= jc + cols)
+                prefetch_tile_rows(ops, ic + first * MR, std::min(ic + rows, ic + end * MR), ahead);
+            }
             // A pair reads both of its panels in place, or both packed; it leaves a last single column to the
             // column kernel.
             const bool in_place = jr < in_place_cols;
