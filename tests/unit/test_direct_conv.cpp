@@ -150,6 +150,11 @@ TEST(DirectConv, PanelsMatchADirectLoop) {
       {12, 12, 5, 1, 4, 2, 6, 0},   // 5x5 dilated
       {23, 45, 7, 2, 3, 1, 3, 0},   // a 7x7 stride-2 stem over three channels, rows of 23
       {5, 33, 3, 1, 1, 1, 5, 0},    // rows of 33: a whole AVX-512 tile of 32 and one pixel
+      {3, 40, 3, 1, 1, 1, 4, 0},    // rows of 40: one AVX-512 tile of three vectors, the last one partial
+      {3, 50, 3, 1, 1, 1, 2, 0},    // rows of 50: tiles of two vectors, the last one partial
+      {3, 65, 3, 1, 1, 1, 2, 0},    // rows of 65: tiles of three and two vectors, one pixel in the last
+      {4, 112, 3, 1, 1, 1, 3, 0},   // rows of 112: three, two and two vectors
+      {12, 224, 7, 2, 3, 1, 3, 0},  // ResNet's stem: rows of 112 at stride 2
   };
   for (const Case& c : cases)
     for (int64_t outs : {1, 4, 5, 6}) {
