@@ -39,30 +39,43 @@ NPUSIM_AVX512 inline void prefetch_a(const float* a) {
   }
 }
 
-// Sums of a tile (plus c's partial sums when accumulate) through out's epilogue into its live rows and columns.
+// Sums of a tile (plus c's partial sums when accumulate) through out's epilogue into its live rows and columns. The
+// epilogue's fields are read into locals once (a store to C may alias the one-byte activation field, which the
+// compiler would otherwise read again after every store) and the rows are unrolled, so that the sums stay in their
+// registers (256 x 3136 x 64 with a residual on Zen 5: 0.575 -> 0.558 ms, alternated in one process).
 template <int Panels, int Rows>
 NPUSIM_AVX512 inline void store_tile_through(const __m512 (&s)[Rows][Panels], const float* c, int64_t ldc,
                                              bool accumulate, const TileOutput& out) {
+  float* const dst = out.c;
+  const int64_t dst_ld = out.ldc, rows = out.rows, residual_ld = out.residual_ld;
+  const float* const row_bias = out.row_bias;
+  const float* const residual = out.residual;
+  const bool lower = out.activation != GemmActivation::None, upper = out.activation == GemmActivation::Clamp;
   const __m512 low = _mm512_set1_ps(out.activation == GemmActivation::Relu ? 0.0f : out.low);
   const __m512 high = _mm512_set1_ps(out.high);
   __mmask16 masks[Panels];
+  __m512 column_bias[Panels];
   for (int q = 0; q < Panels; ++q) {
     const int64_t live = std::clamp<int64_t>(out.cols - NR * q, 0, NR);
     masks[q] = static_cast<__mmask16>((1u << live) - 1);
+    column_bias[q] = out.column_bias ? _mm512_maskz_loadu_ps(masks[q], out.column_bias + NR * q) : _mm512_setzero_ps();
   }
-  for (int r = 0; r < Rows && r < out.rows; ++r) {
-    const __m512 bias = _mm512_set1_ps(out.row_bias ? out.row_bias[r] : 0.0f);
+  const bool by_column = out.column_bias != nullptr;
+#pragma GCC unroll 12
+  for (int r = 0; r < Rows; ++r) {
+    if (r >= rows) break;
+    const __m512 bias = _mm512_set1_ps(row_bias ? row_bias[r] : 0.0f);
     for (int q = 0; q < Panels; ++q) {
       const __mmask16 mask = masks[q];
       if (!mask) continue;
       __m512 x = s[r][q];
       if (accumulate) x = _mm512_add_ps(x, _mm512_loadu_ps(c + r * ldc + NR * q));
-      if (out.column_bias) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, out.column_bias + NR * q));
-      if (out.row_bias) x = _mm512_add_ps(x, bias);
-      if (out.residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, out.residual + r * out.residual_ld + NR * q));
-      if (out.activation != GemmActivation::None) x = _mm512_max_ps(low, x);
-      if (out.activation == GemmActivation::Clamp) x = _mm512_min_ps(high, x);
-      _mm512_mask_storeu_ps(out.c + r * out.ldc + NR * q, mask, x);
+      if (by_column) x = _mm512_add_ps(x, column_bias[q]);
+      if (row_bias) x = _mm512_add_ps(x, bias);
+      if (residual) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, residual + r * residual_ld + NR * q));
+      if (lower) x = _mm512_max_ps(low, x);
+      if (upper) x = _mm512_min_ps(high, x);
+      _mm512_mask_storeu_ps(dst + r * dst_ld + NR * q, mask, x);
     }
   }
 }
