@@ -9,6 +9,7 @@
 
 #include "backends/cpu/avx2_transpose.h"
 #include "backends/cpu/elementwise.h"
+#include "backends/cpu/prefetch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -1411,16 +1412,11 @@ gemm_detail::TileOutput tile_output(const Operands& ops, int64_t row, int64_t co
 #ifdef NPUSIM_GEMM_X86
 // Asks for the two lines of C and of the residual at column `col` of rows [row0, row1) into L2.
 void prefetch_tile_rows(const Operands& ops, int64_t row0, int64_t row1, int64_t col) {
-  const auto* c = reinterpret_cast<const char*>(ops.c.data);
-  const auto* residual = reinterpret_cast<const char*>(ops.epilogue.residual);
+  const auto* c = reinterpret_cast<const float*>(ops.c.data);
+  const auto* residual = reinterpret_cast<const float*>(ops.epilogue.residual);
   for (int64_t r = row0; r < row1; ++r) {
-    const char* line = c + static_cast<size_t>(r * ops.c.ld + col) * sizeof(float);
-    _mm_prefetch(line, _MM_HINT_T1);
-    _mm_prefetch(line + NR * sizeof(float), _MM_HINT_T1);
-    if (!residual) continue;
-    const char* add = residual + static_cast<size_t>(r * ops.epilogue.residual_ld + col) * sizeof(float);
-    _mm_prefetch(add, _MM_HINT_T1);
-    _mm_prefetch(add + NR * sizeof(float), _MM_HINT_T1);
+    prefetch_to_l2(c + r * ops.c.ld + col, 2 * NR * sizeof(float));
+    if (residual) prefetch_to_l2(residual + r * ops.epilogue.residual_ld + col, 2 * NR * sizeof(float));
   }
 }
 #endif
