@@ -69,10 +69,12 @@ namespace gemm_detail {
 // B's rows b_step bytes apart; with `out`, a tile's sums go through its epilogue into C instead of into c.
 using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, int64_t b_step,
                             float* c, int64_t ldc, bool accumulate, const TileOutput* out);
-PairKernel avx512_kernel(Elem b_elem, bool pair);  // packed_gemm_avx512.cpp
+// packed_gemm_avx512.cpp; with `streamed_a`, A's panels are prefetched for being read once, not again for later
+// columns.
+PairKernel avx512_kernel(Elem b_elem, bool pair, bool streamed_a);
 using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
                             int64_t b_step, float* c, int64_t ldc, bool accumulate, const TileOutput* out);
-RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair);  // the same over two A panels
+RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair, bool streamed_a);  // the same over two A panels
 using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
                                 int64_t ldc, bool accumulate);
 Bf16PairKernel avx512_bf16_pair_kernel(bool pair);  // packed_gemm_avx512.cpp
@@ -1451,10 +1453,14 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   // The 6x32 / 6x16 AVX-512 tiles, unless fp32 panels run faster on the AVX2 tile here.
   const bool wide = avx512 && !(b_elem == Elem::F32 && fp32_prefers_avx2());
 #ifdef NPUSIM_GEMM_X86
-  const gemm_detail::PairKernel single512 = wide ? gemm_detail::avx512_kernel(b_elem, false) : nullptr;
-  const gemm_detail::PairKernel pair512 = wide ? gemm_detail::avx512_kernel(b_elem, true) : nullptr;
-  const gemm_detail::RowsKernel single512_rows12 = wide ? gemm_detail::avx512_rows12_kernel(b_elem, false) : nullptr;
-  const gemm_detail::RowsKernel pair512_rows12 = wide ? gemm_detail::avx512_rows12_kernel(b_elem, true) : nullptr;
+  // A prepacked A under a single column step is read once: its panels are asked for further ahead.
+  const bool streamed_a = direct_a && region.col1 - region.col0 <= 2 * NR;
+  const gemm_detail::PairKernel single512 = wide ? gemm_detail::avx512_kernel(b_elem, false, streamed_a) : nullptr;
+  const gemm_detail::PairKernel pair512 = wide ? gemm_detail::avx512_kernel(b_elem, true, streamed_a) : nullptr;
+  const gemm_detail::RowsKernel single512_rows12 =
+      wide ? gemm_detail::avx512_rows12_kernel(b_elem, false, streamed_a) : nullptr;
+  const gemm_detail::RowsKernel pair512_rows12 =
+      wide ? gemm_detail::avx512_rows12_kernel(b_elem, true, streamed_a) : nullptr;
 #endif
   const size_t b_es = packed_b ? elem_size(packed_b->elem()) : interleaved_b ? sizeof(uint16_t) : sizeof(float);
   // A row-major fp32 B whose rows start on cache lines the AVX-512 tiles read where it lies: no packing pass (rows

@@ -23,19 +23,24 @@ constexpr int64_t NR = kGemmTileCols;
 #define NPUSIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 // A prepacked weight used as A streams from memory once per product, 24 bytes per depth step, faster than the
-// hardware prefetchers bring it: the kernels ask for the lines 10 steps ahead into L1 and 170 steps ahead into L2.
+// hardware prefetchers bring it: the kernels ask for the lines 10 steps ahead into L1 and `Far` bytes ahead into L2.
 // Measured on Winograd's transform-point products (M=512, N=16, K=512 over 16.8 MB of weights): 2.4 ms per
-// convolution without, 1.55 ms with; ResNet-18 29.4 -> 26.6 ms. Eight steps of a panel are three whole lines, so
-// the requests go once per line, every eight steps: asked at every step (five times per line), they took a quarter
-// of a Zen 5 core's 12x16 tile (512 x 16 x 512 from memory: 120 against 184 GFLOP/s once per line).
+// convolution without, 1.55 ms with 4 KiB ahead; ResNet-18 29.4 -> 26.6 ms. Eight steps of a panel are three whole
+// lines, so the requests go once per line, every eight steps: asked at every step (five times per line), they took a
+// quarter of a Zen 5 core's 12x16 tile (512 x 16 x 512 from memory: 120 against 184 GFLOP/s once per line).
 constexpr int64_t kPrefetchSteps = 8;
 static_assert(kPrefetchSteps * MR * sizeof(float) == 3 * 64);
+// How far ahead into L2: 4 KiB where the panels are read again for later columns (further would evict them), 16 KiB
+// where a product has a single column step and each panel is read once (ResNet-50's 14x14 and 7x7 Winograd
+// convolutions on Zen 5, alternated in one process: 0.61-0.64 -> 0.53-0.59 and 0.87-0.94 -> 0.80-0.86 ms).
+constexpr int64_t kReusedAFar = 4096, kStreamedAFar = 16384;
 
+template <int64_t Far>
 NPUSIM_AVX512 inline void prefetch_a(const float* a) {
   const char* at = reinterpret_cast<const char*>(a);
   for (int line = 0; line < 3; ++line) {
     _mm_prefetch(at + 256 + 64 * line, _MM_HINT_T0);
-    _mm_prefetch(at + 4096 + 64 * line, _MM_HINT_T1);
+    _mm_prefetch(at + Far + 64 * line, _MM_HINT_T1);
   }
 }
 
@@ -121,7 +126,7 @@ NPUSIM_AVX512 inline void tile_step(__m512 (&s)[Rows][Panels], const float* cons
 
 // The sums of a tile over the whole depth: `Rows / MR` A panels (6 or 12 rows) against one or two B panels, A's
 // prefetch once per eight steps.
-template <Elem BE, int Panels, int Rows>
+template <Elem BE, int Panels, int Rows, int64_t Far>
 NPUSIM_AVX512 inline void tile_sums(int64_t kc, const float* const (&a_panels)[Rows / MR], const std::byte* b0,
                                     const std::byte* b1, int64_t b_step, __m512 (&s)[Rows][Panels]) {
   constexpr int kPanelsA = Rows / MR;
@@ -136,7 +141,7 @@ NPUSIM_AVX512 inline void tile_sums(int64_t kc, const float* const (&a_panels)[R
   };
   int64_t p = 0;
   for (; p + kPrefetchSteps <= kc; p += kPrefetchSteps) {
-    for (int i = 0; i < kPanelsA; ++i) prefetch_a(a[i]);
+    for (int i = 0; i < kPanelsA; ++i) prefetch_a<Far>(a[i]);
 #pragma GCC unroll 8
     for (int64_t q = 0; q < kPrefetchSteps; ++q) {
       tile_step<BE, Panels, Rows>(s, a, b0, b1);
@@ -149,12 +154,12 @@ NPUSIM_AVX512 inline void tile_sums(int64_t kc, const float* const (&a_panels)[R
   }
 }
 
-template <Elem BE, int Panels>
+template <Elem BE, int Panels, int64_t Far>
 NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, int64_t b_step,
                                 float* c, int64_t ldc, bool accumulate, const TileOutput* out) {
   __m512 s[MR][Panels];
   const float* const a_panels[1] = {a};
-  tile_sums<BE, Panels, MR>(kc, a_panels, b0, b1, b_step, s);
+  tile_sums<BE, Panels, MR, Far>(kc, a_panels, b0, b1, b_step, s);
   if (out)
     store_tile_through<Panels, MR>(s, c, ldc, accumulate, *out);
   else
@@ -166,13 +171,13 @@ NPUSIM_AVX512 void micro_avx512(int64_t kc, const float* a, const std::byte* b0,
 // each B row loaded serves twice the rows. Measured on an Intel Xeon (Sapphire Rapids) core against the 6-row tiles,
 // fp32 (m x n x k): 512 x 512 x 512 197 -> 209 GFLOP/s, 64 x 3136 x 256 155 -> 164, 512 x 49 x 2048 147 -> 166,
 // 512 x 16 x 4608 150 -> 164; ResNet-50 51.1 -> 47.4 ms on one thread.
-template <Elem BE, int Panels>
+template <Elem BE, int Panels, int64_t Far>
 NPUSIM_AVX512 void micro_avx512_rows12(int64_t kc, const float* a0, const float* a1, const std::byte* b0,
                                        const std::byte* b1, int64_t b_step, float* c, int64_t ldc, bool accumulate,
                                        const TileOutput* out) {
   __m512 s[2 * MR][Panels];
   const float* const a_panels[2] = {a0, a1};
-  tile_sums<BE, Panels, 2 * MR>(kc, a_panels, b0, b1, b_step, s);
+  tile_sums<BE, Panels, 2 * MR, Far>(kc, a_panels, b0, b1, b_step, s);
   if (out)
     store_tile_through<Panels, 2 * MR>(s, c, ldc, accumulate, *out);
   else
@@ -282,31 +287,43 @@ NPUSIM_AVX512 bool pack_im2col_panel_permuted(const Im2colOperand& s, int64_t k,
 using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, int64_t b_step,
                             float* c, int64_t ldc, bool accumulate, const TileOutput* out);
 
-// The kernel for B panels of `b_elem`, covering two panels (6x32) when `pair`, else one (6x16; b1 unused).
-PairKernel avx512_kernel(Elem b_elem, bool pair) {
+// The kernel for B panels of `b_elem`, covering two panels (6x32) when `pair`, else one (6x16; b1 unused); A's
+// panels prefetched for being read once (`streamed_a`) or again for later columns.
+template <int64_t Far>
+PairKernel avx512_kernel_far(Elem b_elem, bool pair) {
   switch (b_elem) {
     case Elem::BF16:
-      return pair ? micro_avx512<Elem::BF16, 2> : micro_avx512<Elem::BF16, 1>;
+      return pair ? micro_avx512<Elem::BF16, 2, Far> : micro_avx512<Elem::BF16, 1, Far>;
     case Elem::F16:
-      return pair ? micro_avx512<Elem::F16, 2> : micro_avx512<Elem::F16, 1>;
+      return pair ? micro_avx512<Elem::F16, 2, Far> : micro_avx512<Elem::F16, 1, Far>;
     default:
-      return pair ? micro_avx512<Elem::F32, 2> : micro_avx512<Elem::F32, 1>;
+      return pair ? micro_avx512<Elem::F32, 2, Far> : micro_avx512<Elem::F32, 1, Far>;
   }
+}
+
+PairKernel avx512_kernel(Elem b_elem, bool pair, bool streamed_a) {
+  return streamed_a ? avx512_kernel_far<kStreamedAFar>(b_elem, pair) : avx512_kernel_far<kReusedAFar>(b_elem, pair);
 }
 
 using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
                             int64_t b_step, float* c, int64_t ldc, bool accumulate, const TileOutput* out);
 
 // The same over two A panels (12 rows).
-RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair) {
+template <int64_t Far>
+RowsKernel avx512_rows12_kernel_far(Elem b_elem, bool pair) {
   switch (b_elem) {
     case Elem::BF16:
-      return pair ? micro_avx512_rows12<Elem::BF16, 2> : micro_avx512_rows12<Elem::BF16, 1>;
+      return pair ? micro_avx512_rows12<Elem::BF16, 2, Far> : micro_avx512_rows12<Elem::BF16, 1, Far>;
     case Elem::F16:
-      return pair ? micro_avx512_rows12<Elem::F16, 2> : micro_avx512_rows12<Elem::F16, 1>;
+      return pair ? micro_avx512_rows12<Elem::F16, 2, Far> : micro_avx512_rows12<Elem::F16, 1, Far>;
     default:
-      return pair ? micro_avx512_rows12<Elem::F32, 2> : micro_avx512_rows12<Elem::F32, 1>;
+      return pair ? micro_avx512_rows12<Elem::F32, 2, Far> : micro_avx512_rows12<Elem::F32, 1, Far>;
   }
+}
+
+RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair, bool streamed_a) {
+  return streamed_a ? avx512_rows12_kernel_far<kStreamedAFar>(b_elem, pair)
+                    : avx512_rows12_kernel_far<kReusedAFar>(b_elem, pair);
 }
 
 using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
