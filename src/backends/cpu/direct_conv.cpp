@@ -326,25 +326,25 @@ bool DirectConv::panels_supported() { return cpu_features().avx2_fma_f16c(); }
 
 // Tiles of two vectors (32 pixels) of one row, and of three for the first tile of a row of an odd number of vectors,
 // so that no tile works on a whole vector past the row (a last partial vector reads into the row's slack, or the
-// next row, and stores only the row's pixels). ResNet's 7x7 stem (112-pixel rows: 3 + 2 + 2 vectors, not 2 + 2 + 2
-// + 2) on Zen 5: 1.29 -> 1.11 ms; on a Sapphire Rapids core two-vector tiles took 1.89 -> 1.44 ms from one-vector.
+// next row, and stores only the row's pixels). ResNet's 7x7 stem on a Sapphire Rapids core: 1.89 -> 1.44 ms; its
+// 112-pixel rows as 3 + 2 + 2 vectors instead of 2 + 2 + 2 + 2 on Zen 5: 1.29 -> 1.11 ms.
 __attribute__((target("avx512f,avx2,fma"))) void DirectConv::panel_rows_avx512(const float* scratch, const float* panel,
                                                                                int64_t outs, const float* bias,
                                                                                float low, float high, float* out,
                                                                                int64_t out_stride) const {
   const int64_t out_h = g_.out[0], out_w = g_.out[1];
-  const PanelRowTiles tiles{scratch,
-                            panel,
-                            step_offsets_.data(),
-                            static_cast<int64_t>(step_offsets_.size()),
-                            g_.stride[0] * row_floats_,
-                            outs,
-                            bias,
-                            low,
-                            high,
-                            out,
-                            out_stride,
-                            out_w};
+  const PanelRowTiles tiles{.scratch = scratch,
+                            .panel = panel,
+                            .offsets = step_offsets_.data(),
+                            .steps = static_cast<int64_t>(step_offsets_.size()),
+                            .row_step = g_.stride[0] * row_floats_,
+                            .outs = outs,
+                            .bias = bias,
+                            .low = low,
+                            .high = high,
+                            .out = out,
+                            .out_stride = out_stride,
+                            .out_w = out_w};
   const bool odd = (out_w + 15) / 16 % 2 == 1;
   for (int64_t oy = 0; oy < out_h; ++oy) {
     int64_t x0 = 0;
