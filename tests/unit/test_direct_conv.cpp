@@ -128,6 +128,24 @@ void check_panel(const DirectConvGeometry& g, int64_t outs, const std::string& l
   }
   for (int64_t i = 0; i < pixels; ++i)
     ASSERT_EQ(out[static_cast<size_t>(outs * pixels + i)], kSentinel) << label << ": written past plane " << outs;
+  // The same planes in three bands of rows (how workers share a stem's planes): each band writes only its rows, and
+  // the bands together are the whole computation bit for bit.
+  const int64_t out_h = g.out[0], out_w = g.out[1];
+  const int64_t cuts[] = {0, out_h / 3, (2 * out_h + 1) / 3, out_h};
+  std::vector<float> bands(out.size(), kSentinel);
+  for (int b = 0; b < 3; ++b) {
+    conv.compute_panel(scratch.data(), panel.data(), outs, bias.data(), low, high, bands.data(), pixels, cuts[b],
+                       cuts[b + 1]);
+    for (int64_t o = 0; o <= outs; ++o)
+      for (int64_t i = 0; i < pixels; ++i) {
+        const float value = bands[static_cast<size_t>(o * pixels + i)];
+        if (o < outs && i / out_w < cuts[b + 1])
+          ASSERT_EQ(value, out[static_cast<size_t>(o * pixels + i)])
+              << label << " band " << b << " plane " << o << " at " << i;
+        else
+          ASSERT_EQ(value, kSentinel) << label << " band " << b << " wrote plane " << o << " at " << i;
+      }
+  }
 }
 
 TEST(DirectConv, PanelsMatchADirectLoop) {

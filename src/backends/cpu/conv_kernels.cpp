@@ -348,33 +348,36 @@ DirectScratch panel_scratch(const ConvPlan& p) {
 
 void run_direct_panels(const ConvPlan& p, ThreadPool& pool, const ScratchSpace& scratch) {
   const ConvGeometry& g = p.g;
-  const int64_t pixels = g.pixels(), group_out = g.group_out();
+  const int64_t pixels = g.pixels(), group_out = g.group_out(), out_h = g.out[0], out_w = g.out[1];
   const DirectFinish finish(p);
-  // Runs of a group's panels only where there are fewer groups than workers (a stem), each loading the group's
-  // inputs for itself.
-  const int64_t panels = (group_out + kGemmTileRows - 1) / kGemmTileRows, groups = g.batch * g.groups;
-  const int64_t runs = std::clamp<int64_t>((pool.size() + groups - 1) / groups, 1, panels);
-  const int64_t per_run = (panels + runs - 1) / runs;
-  over_group_runs(p, panel_scratch(p), runs, pool, scratch,
-                  [&](int64_t n, int64_t group, int64_t run, const float* padded, float* sums) {
-                    const PackedMatrix& weights = p.packed[static_cast<size_t>(group)];
-                    for (int64_t first = run * per_run * kGemmTileRows;
-                         first < std::min(group_out, (run + 1) * per_run * kGemmTileRows); first += kGemmTileRows) {
-                      const int64_t outs = std::min(kGemmTileRows, group_out - first);
-                      const int64_t channel = group * group_out + first,
-                                    out_at = (n * g.out_channels + channel) * pixels;
-                      float bias[kGemmTileRows] = {};
-                      for (int64_t o = 0; o < outs && p.bias; ++o)
-                        bias[o] = load_float(p.bias->data, p.bias->elem, channel + o);
-                      const auto* panel = reinterpret_cast<const float*>(weights.panel(first / kGemmTileRows));
-                      float* planes = finish.straight_to_output ? p.out.as<float>() + out_at : sums;
-                      p.direct->compute_panel(padded, panel, outs, bias, finish.low, finish.high, planes, pixels);
-                      if (finish.straight_to_output && p.activation)  // the panel's planes, one after the other
-                        apply_unary(*p.activation, planes, planes, outs * pixels);
-                      for (int64_t o = 0; o < outs && !finish.straight_to_output; ++o)
-                        finish.store(p, sums + o * pixels, out_at + o * pixels, pixels);
-                    }
-                  });
+  // Bands of a group's output rows, all its panels each, only where there are fewer groups than workers (a stem),
+  // each loading the group's inputs for itself: the rows split evenly where the panels would not (ResNet's stem, 11
+  // panels, two threads: 0.61-0.64 -> 0.56-0.57 ms).
+  const int64_t groups = g.batch * g.groups;
+  const int64_t runs = std::clamp<int64_t>((pool.size() + groups - 1) / groups, 1, out_h);
+  over_group_runs(
+      p, panel_scratch(p), runs, pool, scratch,
+      [&](int64_t n, int64_t group, int64_t run, const float* padded, float* sums) {
+        const PackedMatrix& weights = p.packed[static_cast<size_t>(group)];
+        const int64_t row0 = out_h * run / runs, row1 = out_h * (run + 1) / runs;
+        const int64_t band_at = row0 * out_w, band = (row1 - row0) * out_w;
+        for (int64_t first = 0; first < group_out; first += kGemmTileRows) {
+          const int64_t outs = std::min(kGemmTileRows, group_out - first);
+          const int64_t channel = group * group_out + first, out_at = (n * g.out_channels + channel) * pixels;
+          float bias[kGemmTileRows] = {};
+          for (int64_t o = 0; o < outs && p.bias; ++o) bias[o] = load_float(p.bias->data, p.bias->elem, channel + o);
+          const auto* panel = reinterpret_cast<const float*>(weights.panel(first / kGemmTileRows));
+          float* planes = finish.straight_to_output ? p.out.as<float>() + out_at : sums;
+          p.direct->compute_panel(padded, panel, outs, bias, finish.low, finish.high, planes, pixels, row0, row1);
+          for (int64_t o = 0; o < outs; ++o) {
+            float* rows = planes + o * pixels + band_at;
+            if (!finish.straight_to_output)
+              finish.store(p, rows, out_at + o * pixels + band_at, band);
+            else if (p.activation)
+              apply_unary(*p.activation, rows, rows, band);
+          }
+        }
+      });
 }
 
 // Depthwise: pieces of (sample, eight channels, band of output rows).

@@ -331,8 +331,9 @@ bool DirectConv::panels_supported() { return cpu_features().avx2_fma_f16c(); }
 __attribute__((target("avx512f,avx2,fma"))) void DirectConv::panel_rows_avx512(const float* scratch, const float* panel,
                                                                                int64_t outs, const float* bias,
                                                                                float low, float high, float* out,
-                                                                               int64_t out_stride) const {
-  const int64_t out_h = g_.out[0], out_w = g_.out[1];
+                                                                               int64_t out_stride, int64_t row0,
+                                                                               int64_t row1) const {
+  const int64_t out_w = g_.out[1];
   const PanelRowTiles tiles{.scratch = scratch,
                             .panel = panel,
                             .offsets = step_offsets_.data(),
@@ -346,7 +347,7 @@ __attribute__((target("avx512f,avx2,fma"))) void DirectConv::panel_rows_avx512(c
                             .out_stride = out_stride,
                             .out_w = out_w};
   const bool odd = (out_w + 15) / 16 % 2 == 1;
-  for (int64_t oy = 0; oy < out_h; ++oy) {
+  for (int64_t oy = row0; oy < row1; ++oy) {
     int64_t x0 = 0;
     if (odd) {
       panel_row_tile<3>(tiles, oy, 0);
@@ -360,15 +361,17 @@ __attribute__((target("avx512f,avx2,fma"))) void DirectConv::panel_rows_avx512(c
 // stores only the row's pixels). Rows of at most 8 pixels: two rows per tile, so that twelve sums stay in flight.
 __attribute__((target("avx2,fma"))) void DirectConv::compute_panel(const float* scratch, const float* panel,
                                                                    int64_t outs, const float* bias, float low,
-                                                                   float high, float* out, int64_t out_stride) const {
+                                                                   float high, float* out, int64_t out_stride,
+                                                                   int64_t row0, int64_t row1) const {
+  const int64_t out_h = row1 < 0 ? g_.out[0] : std::min(row1, g_.out[0]);  // the last row stored, plus one
   if (panel_rows_avx512_pay(g_.out[1]))
-    return panel_rows_avx512(scratch, panel, outs, bias, low, high, out, out_stride);
-  const int64_t out_h = g_.out[0], out_w = g_.out[1], steps = static_cast<int64_t>(step_offsets_.size());
+    return panel_rows_avx512(scratch, panel, outs, bias, low, high, out, out_stride, row0, out_h);
+  const int64_t out_w = g_.out[1], steps = static_cast<int64_t>(step_offsets_.size());
   const int64_t row_step = g_.stride[0] * row_floats_;
   const bool two_rows = out_w <= kLanes;
   const __m256 low_v = _mm256_set1_ps(low), high_v = _mm256_set1_ps(high);
   const PanelStore store{out, out_stride, outs, out_h, out_w, low_v, high_v};
-  for (int64_t oy = 0; oy < out_h; oy += two_rows ? 2 : 1)
+  for (int64_t oy = row0; oy < out_h; oy += two_rows ? 2 : 1)
     for (int64_t x0 = 0; x0 < out_w; x0 += two_rows ? kLanes : 2 * kLanes) {
       __m256 sums[kPanelRows][2];
       for (int64_t o = 0; o < kPanelRows; ++o)
@@ -387,7 +390,8 @@ __attribute__((target("avx2,fma"))) void DirectConv::compute_panel(const float* 
 #else
 bool DirectConv::panels_supported() { return false; }
 
-void DirectConv::compute_panel(const float*, const float*, int64_t, const float*, float, float, float*, int64_t) const {
+void DirectConv::compute_panel(const float*, const float*, int64_t, const float*, float, float, float*, int64_t,
+                               int64_t, int64_t) const {
   throw Error("DirectConv::compute_panel needs AVX2 and FMA");
 }
 #endif

@@ -42,9 +42,11 @@ class DirectConv {
                bool vectors = true) const;
   // Up to six output planes at once (groups of more input channels), each input vector serving all of them:
   // `panel` holds their weights as a packed GEMM's A panel (six values per (channel, tap) step, channel-major, rows
-  // past `outs` zero), `bias` one value per plane or null; plane o goes to out + o * out_stride. AVX2 and FMA only.
+  // past `outs` zero), `bias` one value per plane or null; plane o goes to out + o * out_stride. Only output rows
+  // [row0, row1) are computed and stored (row1 -1: to the last), so that workers can share a group's planes. AVX2
+  // and FMA only.
   void compute_panel(const float* scratch, const float* panel, int64_t outs, const float* bias, float low, float high,
-                     float* out, int64_t out_stride) const;
+                     float* out, int64_t out_stride, int64_t row0 = 0, int64_t row1 = -1) const;
   // Whether compute_panel runs on this CPU.
   static bool panels_supported();
 
@@ -53,7 +55,7 @@ class DirectConv {
   void rows_portable(const float* scratch, const float* weights, float bias, float low, float high, float* out) const;
   void rows_avx2(const float* scratch, const float* weights, float bias, float low, float high, float* out) const;
   void panel_rows_avx512(const float* scratch, const float* panel, int64_t outs, const float* bias, float low,
-                         float high, float* out, int64_t out_stride) const;
+                         float high, float* out, int64_t out_stride, int64_t row0, int64_t row1) const;
 
   DirectConvGeometry g_;
   int64_t rows_ = 0;                  // rows of a padded plane the taps read
