@@ -363,22 +363,22 @@ __attribute__((target("avx2,fma"))) void DirectConv::compute_panel(const float* 
                                                                    int64_t outs, const float* bias, float low,
                                                                    float high, float* out, int64_t out_stride,
                                                                    int64_t row0, int64_t row1) const {
-  const int64_t out_h = row1 < 0 ? g_.out[0] : std::min(row1, g_.out[0]);  // the last row stored, plus one
+  const int64_t rows_end = row1 < 0 ? g_.out[0] : std::min(row1, g_.out[0]);
   if (panel_rows_avx512_pay(g_.out[1]))
-    return panel_rows_avx512(scratch, panel, outs, bias, low, high, out, out_stride, row0, out_h);
+    return panel_rows_avx512(scratch, panel, outs, bias, low, high, out, out_stride, row0, rows_end);
   const int64_t out_w = g_.out[1], steps = static_cast<int64_t>(step_offsets_.size());
   const int64_t row_step = g_.stride[0] * row_floats_;
   const bool two_rows = out_w <= kLanes;
   const __m256 low_v = _mm256_set1_ps(low), high_v = _mm256_set1_ps(high);
-  const PanelStore store{out, out_stride, outs, out_h, out_w, low_v, high_v};
-  for (int64_t oy = row0; oy < out_h; oy += two_rows ? 2 : 1)
+  const PanelStore store{out, out_stride, outs, rows_end, out_w, low_v, high_v};  // stores no row from rows_end on
+  for (int64_t oy = row0; oy < rows_end; oy += two_rows ? 2 : 1)
     for (int64_t x0 = 0; x0 < out_w; x0 += two_rows ? kLanes : 2 * kLanes) {
       __m256 sums[kPanelRows][2];
       for (int64_t o = 0; o < kPanelRows; ++o)
         sums[o][0] = sums[o][1] = _mm256_set1_ps(bias && o < outs ? bias[o] : 0.0f);
       const float* first = scratch + oy * row_step + x0;
-      // A second row past the plane reads the first one again and is not stored.
-      const float* const base[2] = {first, two_rows ? (oy + 1 < out_h ? first + row_step : first) : first + kLanes};
+      // A second row past the band (or the plane) reads the first one again and is not stored.
+      const float* const base[2] = {first, two_rows ? (oy + 1 < rows_end ? first + row_step : first) : first + kLanes};
       panel_tile(steps, panel, step_offsets_.data(), base, sums);
       store(sums, 0, oy, x0);
       if (two_rows)
