@@ -9,6 +9,7 @@
 
 #include "backends/cpu/avx2_transpose.h"
 #include "backends/cpu/elementwise.h"
+#include "backends/cpu/packed_gemm_kernels.h"
 #include "backends/cpu/prefetch.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -63,32 +64,6 @@ void require(bool condition, const char* what) {
 }
 
 }  // namespace
-
-#ifdef NPUSIM_GEMM_X86
-namespace gemm_detail {
-// B's rows b_step bytes apart; with `out`, a tile's sums go through its epilogue into C instead of into c.
-using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, int64_t b_step,
-                            float* c, int64_t ldc, bool accumulate, const TileOutput* out);
-// packed_gemm_avx512.cpp; with `streamed_a`, A's panels are prefetched for being read once, not again for later
-// columns.
-PairKernel avx512_kernel(Elem b_elem, bool pair, bool streamed_a);
-using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
-                            int64_t b_step, float* c, int64_t ldc, bool accumulate, const TileOutput* out);
-RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair, bool streamed_a);  // the same over two A panels
-using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
-                                int64_t ldc, bool accumulate);
-Bf16PairKernel avx512_bf16_pair_kernel(bool pair);  // packed_gemm_avx512.cpp
-// One panel of a convolution's patch matrix with AVX-512 permutes; false, writing nothing, where it cannot.
-bool pack_im2col_panel_permuted(const Im2colOperand& s, int64_t k, int64_t pixel0, int64_t width, float* panel);
-// packed_gemm_amx.cpp: this thread's tile registers set up for amx_bf16_tiles, and given back.
-void amx_configure();
-void amx_release();
-// rows x cols (1 or 2 each) tiles of 16 x 16 sums at c (row stride ldc) (+)= A · B over depth_tiles tiles of 32
-// depth values: A bf16 row-major (a_ld values per row), B panels in depth pairs (b1 the panel after b0).
-void amx_bf16_tiles(int rows, int cols, int64_t depth_tiles, const uint16_t* a, int64_t a_ld, const uint32_t* b0,
-                    const uint32_t* b1, float* c, int64_t ldc, bool accumulate);
-}  // namespace gemm_detail
-#endif
 
 namespace {
 
@@ -156,7 +131,7 @@ __attribute__((target("avx2,fma,f16c"))) void micro_avx2(int64_t kc, const float
   for (int64_t p = 0; p < kc; ++p, a += MR, b += kStep) {
     // A prepacked weight as A streams from memory: see prefetch_a in packed_gemm_avx512.cpp.
     _mm_prefetch(reinterpret_cast<const char*>(a) + 256, _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(a) + 4096, _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(a) + gemm_detail::kReusedAFar, _MM_HINT_T1);
     __m256 b0, b1;
     load_b_avx2<BE, Interleaved>(b, b0, b1);
     __m256 ar = _mm256_broadcast_ss(a + 0);
@@ -1578,9 +1553,17 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
         [[maybe_unused]] const bool column_kernel = avx2 && b_elem == Elem::F32 && depth <= kMaxDepthBlockFewColumns;
         // The last depth block's tiles store through the epilogue themselves where they can.
         [[maybe_unused]] const bool through = fused && pc + depth >= k;
+        // A product of one shallow depth block, whose tiles store through the epilogue, goes a pair of A panels
+        // across all the block's columns at a time: C and the residual are then written and read along whole rows
+        // of the block, not 128 bytes of each of its rows per column step (256 x 3136 x 64 with a residual on Zen 5:
+        // 0.63 -> 0.59 ms, and 1.8 -> 1.4 ms while other guests crowd the L3); deeper blocks keep each B panel in L1
+        // for all the rows instead, and narrow ones gain nothing (49 columns: 10% slower).
+        const bool bands = wide && through && depth == k && k <= kRowBandDepth && cols >= kRowBandColumns;
+        const int64_t band = bands ? 2 : panels;
         // Columns [jr, next) of A panels [first, end), returning next: whichever kernel the columns left take.
         const auto column_step = [&](int64_t jr, int64_t first, int64_t end) -> int64_t {
           const std::byte* b0 = b_panel(jr);
+          [[maybe_unused]] const int64_t row0 = first * MR, row1 = std::min(rows, end * MR);  // in the row block
 #ifdef NPUSIM_GEMM_X86
           if (column_kernel && cols - jr == 1) {
             const int64_t b_step = b_step_of(jr);
@@ -1594,11 +1577,9 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
               else
                 kernels[tile.count][true](depth, a_panel(panel), b0, buffers.sums + tile.first * nc + jr, nc, pc > 0);
             }
-            if (through) {  // the tiles stored theirs through the epilogue already
-              const int64_t row = first * MR;
-              store_rows(buffers.sums + row * nc + jr, nc, std::min(rows, end * MR) - row, 1, ic + row, jc + jr, ops.c,
-                         ops.epilogue, avx2);
-            }
+            if (through)  // the tiles stored theirs through the epilogue already
+              store_rows(buffers.sums + row0 * nc + jr, nc, row1 - row0, 1, ic + row0, jc + jr, ops.c, ops.epilogue,
+                         avx2);
             return jr + NR;
           }
           // Two B panels at a time while two remain, and two A panels (12 rows) at a time while two remain (the
@@ -1607,10 +1588,10 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
             // The C and residual lines that the tiles a little later store through the epilogue, asked into L2
             // now: a tile's rows lie a whole row of C apart, which the hardware prefetchers do not follow (with C
             // and the residual out of the caches, 256 x 3136 x 64 with a residual took 1.6 ms, 1.1 ms with these).
+            // Two column steps ahead in bands (their steps are short), one otherwise.
             if (through) {
-              const int64_t ahead = jc + jr + (end - first <= 2 ? 2 : 1) * 2 * NR;
-              if (ahead + 2 * NR <= jc + cols)
-                prefetch_tile_rows(ops, ic + first * MR, std::min(ic + rows, ic + end * MR), ahead);
+              const int64_t ahead = jc + jr + (bands ? 2 : 1) * 2 * NR;
+              if (ahead + 2 * NR <= jc + cols) prefetch_tile_rows(ops, ic + row0, ic + row1, ahead);
             }
             // A pair reads both of its panels in place, or both packed; it leaves a last single column to the
             // column kernel.
@@ -1645,13 +1626,6 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
           }
           return jr + NR;
         };
-        // A product of one shallow depth block, whose tiles store through the epilogue, goes a pair of A panels
-        // across all the block's columns at a time: C and the residual are then written and read along whole rows
-        // of the block, not 128 bytes of each of its rows per column step (256 x 3136 x 64 with a residual on Zen 5:
-        // 0.63 -> 0.59 ms, and 1.8 -> 1.4 ms while other guests crowd the L3); deeper blocks keep each B panel in L1
-        // for all the rows instead, and narrow ones gain nothing (49 columns: 10% slower).
-        const int64_t band =
-            wide && through && depth == k && k <= kRowBandDepth && cols >= kRowBandColumns ? 2 : panels;
         for (int64_t first = 0; first < panels; first += band)
           for (int64_t jr = 0; jr < cols;) jr = column_step(jr, first, std::min(panels, first + band));
       }

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "backends/cpu/packed_gemm.h"
+#include "backends/cpu/packed_gemm_kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "backends/cpu/packed_gemm.h"
+#include "backends/cpu/packed_gemm_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -23,18 +23,14 @@ constexpr int64_t NR = kGemmTileCols;
 #define NPUSIM_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 
 // A prepacked weight used as A streams from memory once per product, 24 bytes per depth step, faster than the
-// hardware prefetchers bring it: the kernels ask for the lines 10 steps ahead into L1 and `Far` bytes ahead into L2.
+// hardware prefetchers bring it: the kernels ask for the lines 10 steps ahead into L1 and `Far` bytes ahead into L2
+// (kReusedAFar or kStreamedAFar, see packed_gemm_kernels.h).
 // Measured on Winograd's transform-point products (M=512, N=16, K=512 over 16.8 MB of weights): 2.4 ms per
 // convolution without, 1.55 ms with 4 KiB ahead; ResNet-18 29.4 -> 26.6 ms. Eight steps of a panel are three whole
 // lines, so the requests go once per line, every eight steps: asked at every step (five times per line), they took a
 // quarter of a Zen 5 core's 12x16 tile (512 x 16 x 512 from memory: 120 against 184 GFLOP/s once per line).
 constexpr int64_t kPrefetchSteps = 8;
 static_assert(kPrefetchSteps * MR * sizeof(float) == 3 * 64);
-// How far ahead into L2: 4 KiB where the panels are read again for later columns (further would evict them), 16 KiB
-// where a product has a single column step and each panel is read once (ResNet-50's 14x14 and 7x7 Winograd
-// convolutions on Zen 5, alternated in one process: 0.61-0.64 -> 0.53-0.59 and 0.87-0.94 -> 0.80-0.86 ms).
-constexpr int64_t kReusedAFar = 4096, kStreamedAFar = 16384;
-
 template <int64_t Far>
 NPUSIM_AVX512 inline void prefetch_a(const float* a) {
   const char* at = reinterpret_cast<const char*>(a);
@@ -284,9 +280,6 @@ NPUSIM_AVX512 bool pack_im2col_panel_permuted(const Im2colOperand& s, int64_t k,
   return true;
 }
 
-using PairKernel = void (*)(int64_t kc, const float* a, const std::byte* b0, const std::byte* b1, int64_t b_step,
-                            float* c, int64_t ldc, bool accumulate, const TileOutput* out);
-
 // The kernel for B panels of `b_elem`, covering two panels (6x32) when `pair`, else one (6x16; b1 unused); A's
 // panels prefetched for being read once (`streamed_a`) or again for later columns.
 template <int64_t Far>
@@ -305,9 +298,6 @@ PairKernel avx512_kernel(Elem b_elem, bool pair, bool streamed_a) {
   return streamed_a ? avx512_kernel_far<kStreamedAFar>(b_elem, pair) : avx512_kernel_far<kReusedAFar>(b_elem, pair);
 }
 
-using RowsKernel = void (*)(int64_t kc, const float* a0, const float* a1, const std::byte* b0, const std::byte* b1,
-                            int64_t b_step, float* c, int64_t ldc, bool accumulate, const TileOutput* out);
-
 // The same over two A panels (12 rows).
 template <int64_t Far>
 RowsKernel avx512_rows12_kernel_far(Elem b_elem, bool pair) {
@@ -325,9 +315,6 @@ RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair, bool streamed_a) {
   return streamed_a ? avx512_rows12_kernel_far<kStreamedAFar>(b_elem, pair)
                     : avx512_rows12_kernel_far<kReusedAFar>(b_elem, pair);
 }
-
-using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
-                                int64_t ldc, bool accumulate);
 
 Bf16PairKernel avx512_bf16_pair_kernel(bool pair) { return pair ? micro_bf16_pairs<2> : micro_bf16_pairs<1>; }
 
