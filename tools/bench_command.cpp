@@ -131,6 +131,7 @@ int bench_graph(const Args& args) {
   PreparedProgram* prepared = model.executor.get();
   std::map<std::string, Tensor> inputs = load_inputs(program.graph, args);
   const double load_ms = elapsed_ms(load_start);
+  const std::vector<std::string> kept = prepared->keep_packed_weights();
 
   for (int64_t i = 0; i < warmup; ++i) prepared->run(inputs);
   std::vector<double> ms;
@@ -170,6 +171,7 @@ int bench_graph(const Args& args) {
   print_efficiency(peak, gbps, gflops);
   const PrepareCost cost = prepared->prepare_cost();
   for (const std::string& note : cost.notes) std::printf("pack cache: %s\n", note.c_str());
+  for (const std::string& note : kept) std::printf("pack cache: %s\n", note.c_str());
   if (fastest)
     std::printf("\nper kernel, its fastest of %lld profiled runs:\n%s", static_cast<long long>(iters),
                 format_profile(*fastest).c_str());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "compiler/compile.h"
@@ -39,8 +40,9 @@ const std::vector<OptionSpec> kCompileOptions = {
 
 const std::vector<OptionSpec> kPackCacheOptions = {
     {"pack-cache", true,
-     "DIR: keep the CPU backend's packed weights in DIR; a later run of the same program, weights and build maps "
-     "them instead of packing again"},
+     "DIR|off: where the CPU backend keeps the weights it packed, so that a later run of the same program, weights "
+     "and build maps them instead of packing again (default: $NPUSIM_PACK_CACHE, else "
+     "${XDG_CACHE_HOME:-~/.cache}/npusim/packed-weights; off: pack every run)"},
 };
 
 std::vector<OptionSpec> join(std::initializer_list<std::vector<OptionSpec>> lists) {
@@ -116,6 +118,22 @@ compiler::CompileOptions compile_options(const Args& args) {
   return options;
 }
 
+std::string pack_cache_directory(const Args& args) {
+  std::string directory;
+  if (const auto option = args.value("pack-cache")) {
+    if (option->empty()) fail("--pack-cache needs a directory or 'off'");
+    directory = *option;
+  } else if (const char* variable = std::getenv("NPUSIM_PACK_CACHE")) {
+    if (*variable == '\0') fail("NPUSIM_PACK_CACHE is set but empty: give it a directory or 'off'");
+    directory = variable;
+  } else if (const char* cache_home = std::getenv("XDG_CACHE_HOME"); cache_home && *cache_home) {
+    directory = std::string(cache_home) + "/npusim/packed-weights";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    directory = std::string(home) + "/.cache/npusim/packed-weights";
+  }
+  return directory == "off" ? "" : directory;
+}
+
 bool is_program_file(const std::string& path) {
   return path.size() >= 7 && path.compare(path.size() - 7, 7, ".npubin") == 0;
 }
@@ -148,10 +166,7 @@ PreparedModel prepare_model(const std::string& path, const Args& args, const Bac
   model.partitions = plan->partitions.size();
   model.fallback_nodes = plan->fallback_nodes();
   BackendOptions options = backend;
-  if (const auto directory = args.value("pack-cache")) {
-    if (directory->empty()) fail("--pack-cache needs a directory");
-    options.pack_cache = *directory;
-  }
+  options.pack_cache = pack_cache_directory(args);
   model.executor = std::make_unique<DagExecutor>(model.program, std::move(*plan), weights, partition_backends(options));
   model.label =
       model.target.name + " on " + model.target.backend + ", " + std::string(dtype_name(model.program.compute_dtype));

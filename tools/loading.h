@@ -21,7 +21,7 @@ extern const std::vector<OptionSpec> kInputOptions;
 // --target/--dtype/--disable/--no-fallback.
 extern const std::vector<OptionSpec> kCompileOptions;
 
-// --pack-cache (prepare_model reads it).
+// --pack-cache (prepare_model reads it, see pack_cache_directory).
 extern const std::vector<OptionSpec> kPackCacheOptions;
 
 std::vector<OptionSpec> join(std::initializer_list<std::vector<OptionSpec>> lists);
@@ -31,6 +31,10 @@ std::map<std::string, Tensor> load_inputs(const Graph& graph, const Args& args);
 compiler::CompileOptions compile_options(const Args& args);
 
 bool is_program_file(const std::string& path);
+
+// The CPU backend's pack cache for --pack-cache DIR|off, else $NPUSIM_PACK_CACHE (DIR or off), else
+// $XDG_CACHE_HOME/npusim/packed-weights or ~/.cache/npusim/packed-weights; empty for none.
+std::string pack_cache_directory(const Args& args);
 
 // A graph compiled for --target (or a program read back and checked against its target), partitioned, with its
 // weights bound and every partition prepared on its backend: what `run` and `bench` execute.

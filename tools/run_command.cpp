@@ -126,6 +126,8 @@ int run_command(const std::vector<std::string>& argv) {
     std::printf("wrote trace %s (%zu kernels)\n", trace->c_str(), prepared.last_profile().kernels.size());
   }
   report(model.label, memory_line);
+  // After the first result: writing the packed weights to the pack cache is for the next run.
+  for (const std::string& note : prepared.keep_packed_weights()) std::printf("pack cache: %s\n", note.c_str());
   return 0;
 }
 

@@ -108,20 +108,25 @@ record() {
   }
 }
 
-# startup MODEL THREADS: five `npusim run --iters 1` processes, each one's start-up (process start to first result) as
-# a JSON line in MODEL.startup.jsonl: first_ms, beyond_ms (of it, everything before the first result's run),
-# prepare_ms (packing the weights) and latency_ms.
+# startup MODEL THREADS: `npusim run --iters 1` processes, each one's start-up (process start to first result) as a
+# JSON line in MODEL.startup.jsonl: first_ms, beyond_ms (of it, everything before the first result's run), prepare_ms
+# (packing the weights, or mapping them from the pack cache), latency_ms and cache: "off" for five processes that
+# pack the weights every run (--pack-cache off), then in a fresh pack cache "first" for the one that packs and keeps
+# them and "mapped" for four that map what it kept.
 startup() {
-  local model="$1" t="$2" out
-  ((round > 1)) || printf '%s\t%s\n' "$model" "npusim run $(graph_of "$model" | sed "s|^$repo_root/||") --weights ... --inputs ... --threads $t --iters 1 (start-up, 5 processes)" >> "$results/commands.tsv"
-  for _ in 1 2 3 4 5; do
+  local model="$1" t="$2" out cache_dir="$results/pack-cache-$model-$t-$round" cache
+  ((round > 1)) || printf '%s\t%s\n' "$model" "npusim run $(graph_of "$model" | sed "s|^$repo_root/||") --weights ... --inputs ... --threads $t --iters 1 --pack-cache off|DIR (start-up, 5 + 5 processes)" >> "$results/commands.tsv"
+  rm -rf "$cache_dir"
+  for cache in off off off off off first mapped mapped mapped mapped; do
     out="$("${run_nice[@]}" "$npusim" run "$(graph_of "$model")" --weights "$PEERS_DIR/models/$model.safetensors" \
-      --inputs "$PEERS_DIR/models/${model}_inputs.safetensors" --threads "$t" --iters 1 2>> "$results/stderr.log")"
+      --inputs "$PEERS_DIR/models/${model}_inputs.safetensors" --threads "$t" --iters 1 \
+      --pack-cache "$([[ $cache == off ]] && echo off || echo "$cache_dir")" 2>> "$results/stderr.log")"
     echo "$out" | sed -n -E 's/^latency: min ([0-9.]+) ms.*/\1/p; s/^prepare: ([0-9.]+) ms.*/\1/p;
       s/^start-up: first result ([0-9.]+) ms after start, ([0-9.]+) ms beyond.*/\1 \2/p' | tr '\n' ' ' |
-      awk -v t="$t" -v round="$round" '{ printf "{\"round\": %d, \"threads\": %d, \"latency_ms\": %s, \"prepare_ms\": %s, \"first_ms\": %s, \"beyond_ms\": %s}\n",
-        round, t, $1, $2, $3, $4 }' >> "$results/$model.startup.jsonl"
+      awk -v t="$t" -v round="$round" -v cache="$cache" '{ printf "{\"round\": %d, \"threads\": %d, \"cache\": \"%s\", \"latency_ms\": %s, \"prepare_ms\": %s, \"first_ms\": %s, \"beyond_ms\": %s}\n",
+        round, t, cache, $1, $2, $3, $4 }' >> "$results/$model.startup.jsonl"
   done
+  rm -rf "$cache_dir"
 }
 
 ensure_ort() {

@@ -54,6 +54,10 @@ class PreparedProgram {
   virtual std::vector<KernelTiming> last_timings() const = 0;
   // Nodes that run the registry's reference implementation instead of a kernel, as "name (op)".
   virtual std::vector<std::string> fallback_nodes() const { return {}; }
+  // Writes the weights this preparation packed for its kernels to the pack cache (BackendOptions::pack_cache), where
+  // it did not map them from there; what became of them, one line each. Apart from prepare, so that a caller may
+  // first deliver a result.
+  virtual std::vector<std::string> keep_packed_weights() { return {}; }
 
   // State kept on the backend between runs (a KV cache). Each pair names a graph input and the graph output that
   // is its next value; the output then shares the input's persistent buffer, so a run updates it in place (an
@@ -103,7 +107,8 @@ struct BackendOptions {
   int threads = 0;  // CPU threads counting the caller (the CPU backend, and host work of others); 0: all
   WeightQuantization weights = WeightQuantization::None;
   int64_t quantization_group = 0;  // 0: one scale per output channel
-  // CPU backend: a directory where packed weights are kept between processes (see backends/cpu/pack_cache.h).
+  // CPU backend: a directory where packed weights are kept between processes (see backends/cpu/pack_cache.h): prepare
+  // maps what an earlier process kept there, PreparedProgram::keep_packed_weights writes what it packed.
   std::string pack_cache;
   // CPU backend: constant bf16 linear weights kept in 12 bits per value, without loss (backends/cpu/compact_bf16.h).
   bool compact_bf16 = false;

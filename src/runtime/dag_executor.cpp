@@ -427,6 +427,13 @@ std::vector<std::string> DagExecutor::fallback_nodes() const {
   return nodes;
 }
 
+std::vector<std::string> DagExecutor::keep_packed_weights() {
+  std::vector<std::string> notes;
+  for (const auto& stage : stages_)
+    for (std::string& note : stage->prepared->keep_packed_weights()) notes.push_back(std::move(note));
+  return notes;
+}
+
 void DagExecutor::bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
                              const PreparedProgram* share_with) {
   if (!whole_)

@@ -49,6 +49,7 @@ class DagExecutor final : public PreparedProgram {
   std::vector<KernelTiming> last_timings() const override;
   // Nodes run by a reference implementation: on a reference partition, or by a backend's generic kernel.
   std::vector<std::string> fallback_nodes() const override;
+  std::vector<std::string> keep_packed_weights() override;  // every partition's
   // State kept between runs, for a program that runs whole on one backend.
   void bind_state(const std::vector<std::pair<std::string, std::string>>& input_output_pairs,
                   const PreparedProgram* share_with = nullptr) override;

@@ -1,5 +1,6 @@
 // npusim run and bench with --pack-cache: the first run saves the packed weights, the next maps them and writes the
-// same outputs bit for bit; other weights get a file of their own; a bad directory argument fails naming the flag.
+// same outputs bit for bit; other weights get a file of their own; a bad directory argument fails naming the flag;
+// without the flag the directory comes from the environment.
 // Every run reports its start-up: the time from the process's start to its first result.
 #include <gtest/gtest.h>
 
@@ -98,6 +99,51 @@ TEST(PackCacheCli, BadArgumentsFailNamingTheFlag) {
   EXPECT_NE(model.exit_code, 0);
   EXPECT_LT(model.exit_code, 128) << model.output;
   EXPECT_NE(model.output.find("'--pack-cache' applies to graphs"), std::string::npos) << model.output;
+}
+
+// Without --pack-cache the packed weights go to $NPUSIM_PACK_CACHE, else $XDG_CACHE_HOME/npusim/packed-weights, else
+// ~/.cache/npusim/packed-weights; 'off' (flag or variable) keeps none. They are kept after the first result.
+TEST(PackCacheCli, DefaultDirectoryFollowsTheEnvironment) {
+  const std::string dir = test::fresh_work_dir();
+  const std::string run = cli() + " run " + kResNet18 + " --random-weights 1 --random-inputs 2 --threads 1";
+  const auto run_with = [&](const std::string& environment, const std::string& flags = "") {
+    return test::run_command("env -u NPUSIM_PACK_CACHE -u XDG_CACHE_HOME " + environment + " " + run + flags);
+  };
+  struct Case {
+    std::string environment, directory;
+  };
+  const std::vector<Case> cases = {
+      {"NPUSIM_PACK_CACHE=" + dir + "/env XDG_CACHE_HOME=" + dir + "/unused", dir + "/env"},
+      {"XDG_CACHE_HOME=" + dir + "/xdg HOME=" + dir + "/unused", dir + "/xdg/npusim/packed-weights"},
+      {"HOME=" + dir + "/home", dir + "/home/.cache/npusim/packed-weights"},
+  };
+  for (const Case& c : cases) {
+    const auto first = run_with(c.environment);
+    ASSERT_EQ(first.exit_code, 0) << c.environment << "\n" << first.output;
+    const size_t startup = first.output.find("start-up: first result"),
+                 saved = first.output.find("pack cache: saved " + c.directory + "/");
+    ASSERT_NE(saved, std::string::npos) << c.environment << "\n" << first.output;
+    EXPECT_LT(startup, saved) << "kept before the first result was reported:\n" << first.output;
+    EXPECT_EQ(files_in(c.directory), 1u) << c.environment;
+    const auto second = run_with(c.environment);
+    ASSERT_EQ(second.exit_code, 0) << second.output;
+    EXPECT_NE(second.output.find("pack cache: mapped " + c.directory + "/"), std::string::npos) << second.output;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/unused"));
+
+  for (const std::string& off : {std::string("NPUSIM_PACK_CACHE=off HOME=") + dir + "/off", "HOME=" + dir + "/flag"}) {
+    const auto result = run_with(off, off.starts_with("HOME") ? " --pack-cache off" : "");
+    ASSERT_EQ(result.exit_code, 0) << off << "\n" << result.output;
+    EXPECT_EQ(result.output.find("pack cache"), std::string::npos) << off << "\n" << result.output;
+    EXPECT_EQ(result.output.find("mapped from the pack cache"), std::string::npos) << result.output;
+  }
+  EXPECT_FALSE(fs::exists(dir + "/off"));
+  EXPECT_FALSE(fs::exists(dir + "/flag"));
+
+  const auto empty = run_with("NPUSIM_PACK_CACHE=");
+  EXPECT_NE(empty.exit_code, 0);
+  EXPECT_LT(empty.exit_code, 128) << empty.output;
+  EXPECT_NE(empty.output.find("NPUSIM_PACK_CACHE"), std::string::npos) << empty.output;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // the same bits; other weights, another program or a damaged file are never taken for it.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -141,10 +142,14 @@ struct Prepared {
   PrepareCost cost;
 };
 
+// Prepares and runs the net, then keeps its packed weights; the cost's notes end with what keeping them did.
 Prepared run_net(const Net& net, const std::string& cache, int threads = 2) {
   cpu::CpuBackend backend({.threads = threads, .poison_memory = true, .pack_cache = cache});
   const auto prepared = backend.prepare(net.program, net.weights);
-  return {prepared->run({{"x", net.input}})[0].second, prepared->prepare_cost()};
+  Prepared result{prepared->run({{"x", net.input}})[0].second, prepared->prepare_cost()};
+  for (std::string& note : prepared->keep_packed_weights()) result.cost.notes.push_back(std::move(note));
+  EXPECT_TRUE(prepared->keep_packed_weights().empty()) << "kept twice";
+  return result;
 }
 
 void expect_same_bits(const Tensor& actual, const Tensor& expected, const std::string& label) {
@@ -300,6 +305,34 @@ TEST(PackCache, RandomDamageNeverChangesTheResult) {
     ignored += prepared.cost.mapped_bytes == 0;
   }
   EXPECT_GT(ignored, 45);  // nearly every flip lands on something read (a few on padding)
+}
+
+// Saving removes the least recently used files beyond PackCache::kMaxDirectoryBytes; mapping a file renews it.
+TEST(PackCache, SavingRemovesTheLeastRecentlyUsedFilesBeyondTheDirectorysLimit) {
+  const Net net = small_net(21), other = small_net(23);
+  const auto [expected, dir, file] = saved_pack(net);
+  const auto long_ago = fs::file_time_type::clock::now() - std::chrono::hours(24 * 365 * 10);
+  fs::last_write_time(file, long_ago);
+  // A sparse file that leaves less room than the other net's file needs, used after `file` was.
+  const fs::path filler = dir + "/00000000000000000000000000000000.npupack";
+  std::ofstream(filler).flush();
+  fs::resize_file(filler, cpu::PackCache::kMaxDirectoryBytes - fs::file_size(file) - 64);
+  fs::last_write_time(filler, long_ago + std::chrono::hours(24));
+  const fs::path unrelated = dir + "/notes.txt";
+  std::ofstream(unrelated) << "not a pack file";
+  fs::last_write_time(unrelated, long_ago - std::chrono::hours(24));
+
+  const Prepared mapped = run_net(net, dir);  // renews `file`: now the filler is the least recently used
+  EXPECT_EQ(mapped.cost.mapped_bytes, mapped.cost.packed_bytes);
+  EXPECT_GT(fs::last_write_time(file), fs::last_write_time(filler));
+  const Prepared saved = run_net(other, dir);
+  EXPECT_TRUE(has_note(saved.cost, "removed the 1 least recently used file(s)"))
+      << ::testing::PrintToString(saved.cost.notes);
+  EXPECT_FALSE(fs::exists(filler));
+  EXPECT_TRUE(fs::exists(file));
+  EXPECT_TRUE(fs::exists(unrelated));
+  EXPECT_EQ(pack_files(dir).size(), 3u);  // both nets' files and the unrelated one
+  expect_same_bits(run_net(net, dir).out, expected, "kept file");
 }
 
 TEST(PackCache, UnwritableDirectoryIsReportedAndTheProgramStillRuns) {

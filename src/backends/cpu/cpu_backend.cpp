@@ -185,6 +185,11 @@ class CpuPreparedProgram final : public PreparedProgram {
                                 scratch_.allocated_bytes() + state_bytes_);
   }
   PrepareCost prepare_cost() const override { return prepare_cost_; }
+  std::vector<std::string> keep_packed_weights() override {
+    if (!unkept_packed_weights_) return {};
+    unkept_packed_weights_ = false;
+    return {pack_cache_->save(pack_key_, *packed_weights_, pool_)};
+  }
   void set_profiling(bool on) override { profiling_ = on; }
   std::vector<KernelTiming> last_timings() const override { return timings_; }
   std::vector<std::string> fallback_nodes() const override {
@@ -423,12 +428,10 @@ class CpuPreparedProgram final : public PreparedProgram {
       }
     }
     packed_weights_->advise_huge_pages();  // written now: the kernel may merge their pages in the background
-    if (pack_cache_ && packed_weights_->used_bytes() > 0) {
-      if (packed_weights_->written_bytes() < packed_weights_->used_bytes())
-        prepare_cost_.notes.push_back(pack_cache_->save(pack_key_, *packed_weights_, pool_));
-      else
-        prepare_cost_.notes.push_back("mapped " + pack_cache_->file_for(pack_key_));
-    }
+    const bool all_mapped = packed_weights_->written_bytes() == packed_weights_->used_bytes();
+    unkept_packed_weights_ = pack_cache_ && packed_weights_->used_bytes() > 0 && !all_mapped;
+    if (pack_cache_ && packed_weights_->used_bytes() > 0 && all_mapped)
+      prepare_cost_.notes.push_back("mapped " + pack_cache_->file_for(pack_key_));
   }
 
   // Keys this program's packed weights for the files in options_.pack_cache.
@@ -562,6 +565,7 @@ class CpuPreparedProgram final : public PreparedProgram {
   // The weights the kernels pack at prepare time (each packed matrix keeps it alive).
   std::shared_ptr<ZeroedArena> packed_weights_ = std::make_shared<ZeroedArena>();
   std::optional<PackCache> pack_cache_;  // with options_.pack_cache
+  bool unkept_packed_weights_ = false;   // packed here, not yet written to pack_cache_
   PackKey pack_key_;
   PrepareCost prepare_cost_;
   std::vector<KernelTiming> timings_;

@@ -3,8 +3,10 @@
 #include <elf.h>
 #include <fcntl.h>
 #include <link.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -45,6 +47,12 @@ struct FileBlock {
 uint64_t round_up(uint64_t value, uint64_t to) { return (value + to - 1) / to * to; }
 
 std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+std::string megabytes(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MB", static_cast<double>(bytes) / 1e6);
+  return text;
+}
 
 struct BuildIdSearch {
   uintptr_t address;
@@ -244,6 +252,7 @@ std::shared_ptr<ZeroedArena> PackCache::arena_for(const PackKey& key, ThreadPool
   std::vector<ArenaBlock> blocks;
   for (size_t i = 0; i < table.size(); ++i)
     blocks.push_back({const_cast<std::byte*>(block_data[i]), static_cast<size_t>(table[i].bytes), table[i].tag});
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // used now: the last file evict_older would remove
   return std::make_shared<ZeroedArena>(blocks, mapped);
 }
 
@@ -268,6 +277,10 @@ std::string PackCache::save(const PackKey& key, const ZeroedArena& arena, Thread
   }
   FileHeader header{kMagic, key.high, key.low, table.size(), 0, data_bytes, 0};
   header.data_offset = round_up(sizeof header + table.size() * sizeof(FileBlock), kDataAlignment);
+  const uint64_t file_bytes = header.data_offset + data_bytes;
+  if (file_bytes > kMaxDirectoryBytes)
+    return "not saved to " + path + ": its " + megabytes(file_bytes) + " are more than a pack cache keeps (" +
+           megabytes(kMaxDirectoryBytes) + ")";
   std::vector<const std::byte*> block_data;
   for (const ArenaBlock& block : blocks) block_data.push_back(block.data);
   header.checksum = contents_checksum(table, block_data, pool);
@@ -291,9 +304,39 @@ std::string PackCache::save(const PackKey& key, const ZeroedArena& arena, Thread
     ::unlink(temporary.c_str());
     return "not saved to " + path + ": " + failure;
   }
-  char size[32];
-  std::snprintf(size, sizeof size, "%.2f MB", static_cast<double>(header.data_offset + data_bytes) / 1e6);
-  return "saved " + path + " (" + size + ")";
+  return "saved " + path + " (" + megabytes(file_bytes) + ")" + evict_older(path);
+}
+
+std::string PackCache::evict_older(const std::string& kept) const {
+  struct Entry {
+    std::filesystem::file_time_type used;
+    uint64_t bytes;
+    std::filesystem::path path;
+  };
+  std::vector<Entry> files;
+  uint64_t total = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(directory_, error)) {
+    std::error_code ignored;
+    if (entry.path().extension() != ".npupack" || !entry.is_regular_file(ignored)) continue;
+    const uint64_t bytes = entry.file_size(ignored);
+    total += bytes;
+    if (entry.path() != kept) files.push_back({entry.last_write_time(ignored), bytes, entry.path()});
+  }
+  std::sort(files.begin(), files.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
+  size_t removed = 0;
+  uint64_t removed_bytes = 0;
+  for (const Entry& file : files) {
+    if (total <= kMaxDirectoryBytes) break;
+    std::error_code ignored;
+    if (!std::filesystem::remove(file.path, ignored)) continue;
+    total -= file.bytes;
+    ++removed;
+    removed_bytes += file.bytes;
+  }
+  if (removed == 0) return "";
+  return "; removed the " + std::to_string(removed) + " least recently used file(s) (" + megabytes(removed_bytes) +
+         ") to keep " + directory_ + " within " + megabytes(kMaxDirectoryBytes);
 }
 
 }  // namespace npusim::cpu

@@ -33,6 +33,10 @@ PackKey pack_key(const std::vector<uint8_t>& program_bytes, const std::string& o
 
 class PackCache {
  public:
+  // What one directory keeps at most: saving a file removes the least recently used others (by modification time,
+  // which mapping a file renews) until the files fit; a file larger than this is not saved.
+  static constexpr uint64_t kMaxDirectoryBytes = uint64_t{4} << 30;
+
   explicit PackCache(std::string directory) : directory_(std::move(directory)) {}
   const std::string& directory() const { return directory_; }
   std::string file_for(const PackKey& key) const;
@@ -47,6 +51,10 @@ class PackCache {
   std::string save(const PackKey& key, const ZeroedArena& arena, ThreadPool& pool) const;
 
  private:
+  // Removes the least recently used files but `kept` while the directory's files exceed kMaxDirectoryBytes; what it
+  // removed, as a clause to append to save's note.
+  std::string evict_older(const std::string& kept) const;
+
   std::string directory_;
 };
 
