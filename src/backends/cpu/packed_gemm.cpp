@@ -240,7 +240,9 @@ bool use_avx2() { return active_kernel() != GemmKernelChoice::Portable; }
 // Whether Best multiplies fp32 panels with the AVX2 tile although the CPU has AVX-512. AMD's Zen 4 executes each
 // 512-bit FMA on its 256-bit units in two halves: there the 6x16 AVX2 tile measured as fast or faster than the
 // 6x32 AVX-512 one on every ResNet product (the 7x7 stem's 64 x 12544 x 147: 82 against 72 GFLOP/s; N=49: 95
-// against 88), and ResNet-50 ran 3% faster. Half-precision panels keep the AVX-512 tiles (their conversions gain).
+// against 88), and ResNet-50 ran 3% faster. Half-precision panels keep the AVX-512 tiles (their conversions gain),
+// and so do products whose B the AVX-512 tiles read in place, without packing it (1x1 convolutions over images whose
+// pixel count is a multiple of 16: 64 x 3136 x 256 1.01 -> 0.96 ms on one thread, 0.64 -> 0.51 on two).
 bool fp32_prefers_avx2() {
   return cpu_features().avx512_halved && g_choice.load(std::memory_order_relaxed) == GemmKernelChoice::Best;
 }
@@ -1425,8 +1427,13 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   MicroKernel kernels[MR + 1][2];
   for (int64_t live = 1; live <= MR; ++live)
     for (bool narrow : {false, true}) kernels[live][narrow] = micro_kernel(b_elem, avx2, narrow, live, interleaved_b);
-  // The 6x32 / 6x16 AVX-512 tiles, unless fp32 panels run faster on the AVX2 tile here.
-  const bool wide = avx512 && !(b_elem == Elem::F32 && fp32_prefers_avx2());
+  // A row-major fp32 B whose rows start on cache lines, which the AVX-512 tiles read where it lies: no packing pass
+  // (rows that straddle lines measured slower read in place, 176 -> 163 GFLOP/s for 512 x 49 x 2048 on Zen 5).
+  const bool b_readable_in_place = strided_b && !strided_b->transposed && strided_b->elem == Elem::F32 &&
+                                   strided_b->ld % NR == 0 && reinterpret_cast<uintptr_t>(strided_b->data) % 64 == 0;
+  // The 6x32 / 6x16 AVX-512 tiles, unless fp32 panels run faster on the AVX2 tile here: not where B is read in
+  // place, which only the AVX-512 tiles do.
+  const bool wide = avx512 && !(b_elem == Elem::F32 && fp32_prefers_avx2() && !b_readable_in_place);
 #ifdef NPUSIM_GEMM_X86
   // A prepacked A under a single column step is read once: its panels are asked for further ahead.
   const bool streamed_a = direct_a && region.col1 - region.col0 <= 2 * NR;
@@ -1438,10 +1445,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
       wide ? gemm_detail::avx512_rows12_kernel(b_elem, true, streamed_a) : nullptr;
 #endif
   const size_t b_es = packed_b ? elem_size(packed_b->elem()) : interleaved_b ? sizeof(uint16_t) : sizeof(float);
-  // A row-major fp32 B whose rows start on cache lines the AVX-512 tiles read where it lies: no packing pass (rows
-  // that straddle lines measured slower read in place, 176 -> 163 GFLOP/s for 512 x 49 x 2048 on Zen 5).
-  const bool in_place_b = wide && strided_b && !strided_b->transposed && strided_b->elem == Elem::F32 &&
-                          strided_b->ld % NR == 0 && reinterpret_cast<uintptr_t>(strided_b->data) % 64 == 0;
+  const bool in_place_b = wide && b_readable_in_place;
   // Whether the AVX-512 tiles store an fp32 C through the epilogue themselves (see TileOutput).
   const GemmEpilogue& e = ops.epilogue;
   const bool fused =

@@ -8,7 +8,7 @@
 // buffers that PackedGemm reserves per worker in the ScratchSpace when it is planned, so a run allocates nothing.
 // Micro-kernel (chosen at run time by CPU features): 6x32 / 6x16 / 12x32 / 12x16 AVX-512 over one or two A and B
 // panels, 6x16 AVX2+FMA, or portable C++ (fp32 panels take the AVX2 tile on AMD's AVX-512 CPUs, where it measured
-// faster).
+// faster, but for a row-major B the AVX-512 tiles read in place).
 //
 // Typical use, at prepare time:   PackedMatrix w = PackedMatrix::pack(GemmSide::B, weight, elem, k, n, k, true);
 //                                 PackedGemm gemm({.m = m, .n = n, .k = k, .b_prepacked = true}, ctx.scratch);
