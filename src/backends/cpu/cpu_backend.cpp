@@ -428,10 +428,13 @@ class CpuPreparedProgram final : public PreparedProgram {
       }
     }
     packed_weights_->advise_huge_pages();  // written now: the kernel may merge their pages in the background
-    const bool all_mapped = packed_weights_->written_bytes() == packed_weights_->used_bytes();
-    unkept_packed_weights_ = pack_cache_ && packed_weights_->used_bytes() > 0 && !all_mapped;
-    if (pack_cache_ && packed_weights_->used_bytes() > 0 && all_mapped)
-      prepare_cost_.notes.push_back("mapped " + pack_cache_->file_for(pack_key_));
+    unkept_packed_weights_ = false;
+    if (pack_cache_ && packed_weights_->used_bytes() > 0) {
+      if (packed_weights_->written_bytes() < packed_weights_->used_bytes())
+        unkept_packed_weights_ = true;  // for keep_packed_weights
+      else
+        prepare_cost_.notes.push_back("mapped " + pack_cache_->file_for(pack_key_));
+    }
   }
 
   // Keys this program's packed weights for the files in options_.pack_cache.

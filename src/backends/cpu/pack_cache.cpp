@@ -304,7 +304,8 @@ std::string PackCache::save(const PackKey& key, const ZeroedArena& arena, Thread
     ::unlink(temporary.c_str());
     return "not saved to " + path + ": " + failure;
   }
-  return "saved " + path + " (" + megabytes(file_bytes) + ")" + evict_older(path);
+  return "saved " + path + " (" + megabytes(file_bytes) + ")" +
+         evict_older(std::filesystem::path(path).filename().string());
 }
 
 std::string PackCache::evict_older(const std::string& kept) const {
@@ -321,7 +322,7 @@ std::string PackCache::evict_older(const std::string& kept) const {
     if (entry.path().extension() != ".npupack" || !entry.is_regular_file(ignored)) continue;
     const uint64_t bytes = entry.file_size(ignored);
     total += bytes;
-    if (entry.path() != kept) files.push_back({entry.last_write_time(ignored), bytes, entry.path()});
+    if (entry.path().filename() != kept) files.push_back({entry.last_write_time(ignored), bytes, entry.path()});
   }
   std::sort(files.begin(), files.end(), [](const Entry& a, const Entry& b) { return a.used < b.used; });
   size_t removed = 0;

@@ -51,8 +51,8 @@ class PackCache {
   std::string save(const PackKey& key, const ZeroedArena& arena, ThreadPool& pool) const;
 
  private:
-  // Removes the least recently used files but `kept` while the directory's files exceed kMaxDirectoryBytes; what it
-  // removed, as a clause to append to save's note.
+  // Removes the least recently used files but the one named `kept` while the directory's files exceed
+  // kMaxDirectoryBytes; what it removed, as a clause to append to save's note.
   std::string evict_older(const std::string& kept) const;
 
   std::string directory_;
