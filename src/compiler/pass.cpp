@@ -6,19 +6,20 @@ namespace npusim::compiler {
 
 const std::vector<Pass>& all_passes() {
   static const std::vector<Pass> passes = {
-      {"remove_noops", "drop identities: aliases, clones, dropout, same-dtype casts, metadata checks, getitem",
-       false, remove_noops},
+      {"remove_noops", "drop identities: aliases, clones, dropout, same-dtype casts, metadata checks, getitem", false,
+       remove_noops},
       {"fold_constants", "evaluate everything that depends on no input or weight (masks, aranges, shapes)", false,
        fold_constants},
       {"fold_batchnorm", "fold inference BatchNorm into the preceding conv or linear (load-time weight transform)",
        false, fold_batchnorm},
       {"fuse_conv_activation", "conv2d + optional residual add + activation in one kernel", true, fuse_conv_activation},
+      {"fuse_batchnorm_activation", "a batch_norm left standing + its activation in one kernel", true,
+       fuse_batchnorm_activation},
       {"fuse_add_relu", "add + relu in one kernel", true, fuse_add_relu},
       {"fuse_rms_norm", "the pow/mean/add/rsqrt/mul chain as one rms_norm", true, fuse_rms_norm},
       {"fuse_silu_mul", "silu(gate) * up in one kernel", true, fuse_silu_mul},
       {"fuse_rope", "rotary embedding (x*cos + rotate_half(x)*sin) in one kernel", true, fuse_rope},
-      {"fuse_attention", "QK^T, scale, mask, softmax, V (grouped-query aware) as one attention", true,
-       fuse_attention},
+      {"fuse_attention", "QK^T, scale, mask, softmax, V (grouped-query aware) as one attention", true, fuse_attention},
       {"fuse_masked_softmax", "add(mask) + softmax in one kernel", true, fuse_masked_softmax},
       {"fuse_elementwise", "chains of elementwise ops as one generated kernel", true, fuse_elementwise},
   };

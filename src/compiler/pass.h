@@ -39,6 +39,7 @@ void remove_noops(Graph& graph, PassContext& context);
 void fold_constants(Graph& graph, PassContext& context);
 void fold_batchnorm(Graph& graph, PassContext& context);
 void fuse_conv_activation(Graph& graph, PassContext& context);
+void fuse_batchnorm_activation(Graph& graph, PassContext& context);
 void fuse_add_relu(Graph& graph, PassContext& context);
 void fuse_rms_norm(Graph& graph, PassContext& context);
 void fuse_silu_mul(Graph& graph, PassContext& context);

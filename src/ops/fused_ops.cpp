@@ -60,8 +60,9 @@ void expect_count(std::span<const TensorMeta> inputs, size_t count, const std::s
 // ====================================================================================================================
 // fused_conv2d: conv2d(x, w, b?) [+ residual] [-> activation]. Inputs x, w, then b when has_bias, then the
 // residual (same shape as the convolution's output) when has_residual.
+// fused_batch_norm: batch_norm(x, ...) -> activation, batch_norm's inputs and attributes.
 
-// Activations a fused conv may end with: registered unary ops, with the attributes they take.
+// Activations a fused conv or batch norm may end with: registered unary ops, with the attributes they take.
 struct Activation {
   const char* op;
   std::vector<const char*> params;
@@ -77,8 +78,8 @@ const std::vector<Activation>& conv_activations() {
   return table;
 }
 
-// The activation's own attributes, or nullopt for "none".
-std::optional<std::pair<std::string, Attrs>> conv_activation(const Attrs& attrs) {
+// The activation's own attributes, or nullopt for "none"; `op` names the fused op in errors.
+std::optional<std::pair<std::string, Attrs>> fused_activation(const Attrs& attrs, const std::string& op) {
   const std::string& name = attrs.get_string("activation");
   if (name == "none") return std::nullopt;
   for (const Activation& activation : conv_activations()) {
@@ -90,7 +91,7 @@ std::optional<std::pair<std::string, Attrs>> conv_activation(const Attrs& attrs)
   }
   std::string known = "none";
   for (const Activation& activation : conv_activations()) known += std::string(", ") + activation.op;
-  fail("fused_conv2d: unknown activation '" + name + "' (known: " + known + ")");
+  fail(op + ": unknown activation '" + name + "' (known: " + known + ")");
 }
 
 struct FusedConvInputs {
@@ -121,7 +122,7 @@ std::vector<TensorMeta> infer_fused_conv(const Attrs& attrs, std::span<const Ten
            shape_string(out.shape));
     out.dtype = promote_types(out.dtype, residual.dtype);
   }
-  if (const auto activation = conv_activation(attrs)) {
+  if (const auto activation = fused_activation(attrs, "fused_conv2d")) {
     const std::vector<TensorMeta> pre{out};
     out = infer_step(activation->first, activation->second, pre);
   }
@@ -133,11 +134,44 @@ std::vector<Tensor> reference_fused_conv(const Attrs& attrs, std::span<const Ten
   const FusedConvInputs parts = fused_conv_inputs(attrs, inputs.size());
   Tensor y = run_step("conv2d", attrs, {inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(parts.conv)});
   if (parts.residual) y = run_step("add", {}, {y, inputs[*parts.residual]});
-  if (const auto activation = conv_activation(attrs)) y = run_step(activation->first, activation->second, {y});
+  if (const auto activation = fused_activation(attrs, "fused_conv2d"))
+    y = run_step(activation->first, activation->second, {y});
   return as_output(y, outputs[0]);
 }
 
-const std::vector<AttrSpec> kFusedConvAttrs = {
+std::vector<TensorMeta> infer_fused_batch_norm(const Attrs& attrs, std::span<const TensorMeta> inputs) {
+  TensorMeta out = infer_step("batch_norm", attrs, inputs);
+  if (const auto activation = fused_activation(attrs, "fused_batch_norm")) {
+    const std::vector<TensorMeta> pre{out};
+    out = infer_step(activation->first, activation->second, pre);
+  }
+  return {out};
+}
+
+std::vector<Tensor> reference_fused_batch_norm(const Attrs& attrs, std::span<const Tensor> inputs,
+                                               std::span<const TensorMeta> outputs) {
+  Tensor y = run_step("batch_norm", attrs, {inputs.begin(), inputs.end()});
+  if (const auto activation = fused_activation(attrs, "fused_batch_norm"))
+    y = run_step(activation->first, activation->second, {y});
+  return as_output(y, outputs[0]);
+}
+
+// The activation and its parameters, as fused_conv2d and fused_batch_norm take them.
+const std::vector<AttrSpec> kActivationAttrs = {
+    // "none" or a registered activation; its parameters keep the activation's attribute names
+    {"activation", AttrType::String, AttrValue{std::string("none")}},
+    {"min_val", AttrType::Float, std::nullopt},
+    {"max_val", AttrType::Float, std::nullopt},
+    {"negative_slope", AttrType::Float, std::nullopt},
+    {"approximate", AttrType::String, std::nullopt},
+};
+
+std::vector<AttrSpec> with_activation(std::vector<AttrSpec> attrs) {
+  attrs.insert(attrs.end(), kActivationAttrs.begin(), kActivationAttrs.end());
+  return attrs;
+}
+
+const std::vector<AttrSpec> kFusedConvAttrs = with_activation({
     // conv2d's own
     {"stride", AttrType::Ints, AttrValue{std::vector<int64_t>{1}}},
     {"padding", AttrType::Ints, AttrValue{std::vector<int64_t>{0}}},
@@ -146,13 +180,15 @@ const std::vector<AttrSpec> kFusedConvAttrs = {
     {"padding_mode", AttrType::String, std::nullopt},
     {"has_bias", AttrType::Bool, AttrValue{false}},
     {"has_residual", AttrType::Bool, AttrValue{false}},
-    // "none" or a registered activation; its parameters keep the activation's attribute names
-    {"activation", AttrType::String, AttrValue{std::string("none")}},
-    {"min_val", AttrType::Float, std::nullopt},
-    {"max_val", AttrType::Float, std::nullopt},
-    {"negative_slope", AttrType::Float, std::nullopt},
-    {"approximate", AttrType::String, std::nullopt},
-};
+});
+
+// batch_norm's own (nn_ops.cpp) and the activation's.
+const std::vector<AttrSpec> kFusedBatchNormAttrs = with_activation({
+    {"training", AttrType::Bool, AttrValue{false}},
+    {"momentum", AttrType::Float, AttrValue{0.1}},
+    {"eps", AttrType::Float, AttrValue{1e-5}},
+    {"cudnn_enabled", AttrType::Bool, AttrValue{true}},
+});
 
 // ====================================================================================================================
 // add_relu(a, b) = relu(a + b), broadcasting; silu_mul(gate, up) = silu(gate) * up, broadcasting.
@@ -507,6 +543,7 @@ std::vector<Tensor> reference_elementwise_chain(const Attrs& attrs, std::span<co
 
 void register_fused_ops(OpRegistry& r) {
   r.add(OpDef{"fused_conv2d", {}, kFusedConvAttrs, 2, 4, infer_fused_conv, reference_fused_conv});
+  r.add(OpDef{"fused_batch_norm", {}, kFusedBatchNormAttrs, 3, 5, infer_fused_batch_norm, reference_fused_batch_norm});
   r.add(OpDef{"add_relu", {}, {}, 2, 2, infer_add_relu, reference_add_relu});
   r.add(OpDef{"silu_mul", {}, {}, 2, 2, infer_silu_mul, reference_silu_mul});
   r.add(OpDef{"rope", {}, {}, 3, 3, infer_rope, reference_rope});

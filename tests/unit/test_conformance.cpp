@@ -219,6 +219,13 @@ std::vector<Case> nn_cases() {
   cases.push_back(make("batch_norm", {f({2, 3, 5, 5}), w({3}), w({3}), w({3}), positive({3})}));
   cases.push_back(make("batch_norm", {f({2, 3, 7}), w({3}), positive({3})}, {}, "statistics only"));
   cases.push_back(make("native_batch_norm", {f({1, 3, 4, 4}), w({3}), w({3}), w({3}), positive({3})}));
+  cases.push_back(make("fused_batch_norm", {f({2, 3, 5, 5}), w({3}), w({3}), w({3}), positive({3})},
+                       attrs({{"activation", S("relu")}})));
+  cases.push_back(make("fused_batch_norm", {f({1, 5, 301}), w({5}), positive({5})},
+                       attrs({{"activation", S("hardtanh")}, {"min_val", F(0.0)}, {"max_val", F(0.5)}}),
+                       "statistics only, hardtanh"));
+  cases.push_back(make("fused_batch_norm", {f({1, 4, 3, 3}), w({4}), w({4}), w({4}), positive({4})},
+                       attrs({{"activation", S("silu")}}), "silu"));
   cases.push_back(make("embedding", {w({33, 9}), ints({2, 7}, 0, 33)}));
   cases.push_back(
       make("max_pool2d", {f({1, 3, 9, 9})}, attrs({{"kernel_size", L({3})}, {"stride", L({2})}, {"padding", L({1})}})));

@@ -69,6 +69,32 @@ TEST(FusedConv2d, RejectsInconsistentInputs) {
 }
 
 // ====================================================================================================================
+// fused_batch_norm
+
+TEST(FusedBatchNorm, NormalizesThenActivates) {
+  // Channel 0: (x - 1) / sqrt(4) * 2 + 0.5 = x - 0.5; channel 1: (x - 0) / sqrt(1) * -1 + 0 = -x.
+  const Tensor x = floats({1, 2, 2}, {0, 3, 1, -2});
+  const std::vector<Tensor> params = {floats({2}, {2, -1}), floats({2}, {0.5, 0}), floats({2}, {1, 0}),
+                                      floats({2}, {4, 1})};
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), params.begin(), params.end());
+  const Attrs relu = make_attrs({{"eps", 0.0}, {"activation", std::string("relu")}});
+  expect_values(run_op("fused_batch_norm", inputs, relu).out(), {0, 2.5, 0, 2});
+  const Attrs leaky = make_attrs({{"eps", 0.0}, {"activation", std::string("leaky_relu")}, {"negative_slope", 0.5}});
+  expect_values(run_op("fused_batch_norm", inputs, leaky).out(), {-0.25, 2.5, -0.5, 2});
+  expect_values(run_op("fused_batch_norm", inputs, make_attrs({{"eps", 0.0}})).out(), {-0.5, 2.5, -1, 2});
+}
+
+TEST(FusedBatchNorm, RejectsUnknownActivationsAndTraining) {
+  const TensorMeta x{{1, 2, 3}, DType::Float32}, p{{2}, DType::Float32};
+  EXPECT_THROW(infer_op("fused_batch_norm", {x, p, p}, make_attrs({{"activation", std::string("swish")}})), Error);
+  EXPECT_THROW(infer_op("fused_batch_norm", {x, p, p}, make_attrs({{"training", true}})), Error);
+  EXPECT_THROW(infer_op("fused_batch_norm", {x, {{3}, DType::Float32}, p}, {}), Error);
+  EXPECT_EQ(infer_op("fused_batch_norm", {x, p, p}, make_attrs({{"activation", std::string("relu")}}))[0].shape,
+            (Shape{1, 2, 3}));
+}
+
+// ====================================================================================================================
 // add_relu, silu_mul
 
 TEST(AddRelu, BroadcastsThenClamps) {

@@ -201,6 +201,66 @@ TEST(FuseConvActivation, LeavesSharedOrUnfusableConvolutionsAlone) {
 }
 
 // ====================================================================================================================
+// fuse_batchnorm_activation
+
+// batch_norm's parameters as weights [channels] (gamma, beta, mean, var), with their values: var positive.
+std::vector<ValueId> batch_norm_params(GraphBuilder& b, const std::string& prefix, int64_t channels, Feeds& values) {
+  std::vector<ValueId> ids;
+  for (const char* part : {"gamma", "beta", "mean", "var"}) {
+    const std::string name = prefix + part;
+    ids.push_back(b.weight(name, {channels}));
+    Tensor t(DType::Float32, {channels});
+    for (int64_t c = 0; c < channels; ++c)
+      t.mutable_data<float>()[c] = static_cast<float>(name == prefix + "var" ? 0.5 + 0.25 * c : 0.3 * c - 0.4);
+    values[name] = t;
+  }
+  return ids;
+}
+
+TEST(FuseBatchnormActivation, ActivationAfterAStandingBatchNormJoinsIt) {
+  GraphBuilder b;
+  Feeds weights;
+  const ValueId x = b.input("x", {1, 3, 4, 4});
+  std::vector<ValueId> first{x}, second{b.op("relu", {x})};
+  for (ValueId id : batch_norm_params(b, "bn1_", 3, weights)) first.push_back(id);
+  for (ValueId id : batch_norm_params(b, "bn2_", 3, weights)) second.push_back(id);
+  b.output(b.op("relu", {b.op("batch_norm", first)}));
+  b.output(b.op("hardtanh", {b.op("batch_norm", second)}, make_attrs({{"min_val", 0.0}, {"max_val", 0.25}})));
+  compiler::PassContext log;
+  const Graph fused = after(b.graph(), {"fuse_batchnorm_activation"}, &log);
+  ASSERT_EQ(count(fused, "fused_batch_norm"), 2u);
+  EXPECT_EQ(count(fused, "batch_norm") + count(fused, "hardtanh"), 0u);
+  EXPECT_EQ(count(fused, "relu"), 1u);  // the one before the second batch_norm
+  const Node& clipped = fused.nodes.back();
+  EXPECT_EQ(clipped.attrs.get_string("activation"), "hardtanh");
+  EXPECT_EQ(clipped.attrs.get_float("max_val"), 0.25);
+  EXPECT_EQ(clipped.inputs, second);
+  EXPECT_EQ(fused.outputs, b.graph().outputs);
+  ASSERT_EQ(log.log.size(), 1u);
+  EXPECT_EQ(log.log[0], "fuse_batchnorm_activation: 2 batch_norm fused with its activation");
+  expect_fusion_keeps_outputs(b.graph(), fused, patterned_inputs(b.graph()), weights);
+}
+
+TEST(FuseBatchnormActivation, LeavesReadOrUnactivatedBatchNormsAlone) {
+  GraphBuilder b;
+  Feeds weights;
+  const ValueId x = b.input("x", {1, 2, 3, 3});
+  const auto bn = [&](const std::string& prefix) {
+    std::vector<ValueId> inputs{x};
+    for (ValueId id : batch_norm_params(b, prefix, 2, weights)) inputs.push_back(id);
+    return b.op("batch_norm", inputs);
+  };
+  const ValueId shared = bn("a_");
+  b.output(b.op("relu", {shared}));
+  b.output(b.op("neg", {shared}));  // a second reader
+  const ValueId seen = bn("b_");
+  b.output(seen);  // a graph output
+  b.output(b.op("relu", {seen}));
+  b.output(b.op("exp", {bn("c_")}));  // not an activation a fused op ends with
+  expect_unchanged(b.graph(), after(b.graph(), {"fuse_batchnorm_activation"}));
+}
+
+// ====================================================================================================================
 // fuse_add_relu
 
 TEST(FuseAddRelu, BroadcastingAddThenRelu) {

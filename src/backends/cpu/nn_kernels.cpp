@@ -259,11 +259,17 @@ std::optional<Kernel> layer_norm(const KernelContext& ctx) {
   return kernel;
 }
 
-// Inference batch_norm: inputs x, [weight, [bias,]] running_mean, running_var.
+// Inference batch_norm: inputs x, [weight, [bias,]] running_mean, running_var; fused_batch_norm applies its
+// activation to each chunk as it is normalized.
 std::optional<Kernel> batch_norm(const KernelContext& ctx) {
   if (!floating_io(ctx, ctx.inputs.size()) || ctx.inputs.size() < 3 || ctx.inputs[0].meta.shape.size() < 2)
     return std::nullopt;
   if (ctx.node.attrs.get_bool("training", false)) return std::nullopt;
+  std::optional<UnaryStep> activation;
+  if (ctx.node.op == "fused_batch_norm" && ctx.node.attrs.get_string("activation") != "none") {
+    activation = unary_step(ctx.node.attrs.get_string("activation"), ctx.node.attrs);
+    if (!activation) return std::nullopt;
+  }
   const size_t count = ctx.inputs.size();
   const Buffer x = ctx.inputs[0], out = ctx.outputs[0];
   const std::optional<Buffer> weight = count >= 4 ? std::optional(ctx.inputs[1]) : std::nullopt;
@@ -274,6 +280,7 @@ std::optional<Kernel> batch_norm(const KernelContext& ctx) {
   const int64_t inner = channels > 0 ? x.numel() / x.meta.shape[0] / channels : 0;
   for (size_t i = 1; i < ctx.outputs.size(); ++i)
     if (ctx.outputs[i].numel() != 0) return std::nullopt;
+  const bool both_f32 = x.elem == Elem::F32 && out.elem == Elem::F32;
   Kernel kernel;
   kernel.run = [=, pool = &ctx.pool] {
     for_lines(*pool, x.meta.shape[0] * channels, inner, [&](int64_t plane, int) {
@@ -286,9 +293,16 @@ std::optional<Kernel> batch_norm(const KernelContext& ctx) {
       alignas(64) float block[kChunk];
       for (int64_t i = 0; i < inner; i += kChunk) {
         const int64_t n = std::min(kChunk, inner - i);
-        load_line(x, plane * inner + i, 1, n, block);
-        for (int64_t j = 0; j < n; ++j) block[j] = block[j] * scale + shift;
-        store_line(block, out, plane * inner + i, 1, n);
+        // fp32 in and out: straight from the input into the output, no copy through the block.
+        float* values = both_f32 ? out.as<float>() + plane * inner + i : block;
+        if (both_f32)
+          affine(x.as<const float>() + plane * inner + i, values, n, scale, shift);
+        else {
+          load_line(x, plane * inner + i, 1, n, block);
+          affine(block, block, n, scale, shift);
+        }
+        if (activation) apply_unary(*activation, values, values, n);
+        if (!both_f32) store_line(block, out, plane * inner + i, 1, n);
       }
     });
   };
@@ -735,6 +749,7 @@ void add_nn_kernels(KernelTable& table) {
   table.add("native_layer_norm", layer_norm);
   table.add("batch_norm", batch_norm);
   table.add("native_batch_norm", batch_norm);
+  table.add("fused_batch_norm", batch_norm);
   table.add("embedding", embedding);
   table.add("max_pool2d_with_indices", max_pool);
   table.add("avg_pool2d", avg_pool);

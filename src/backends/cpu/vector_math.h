@@ -22,6 +22,10 @@ bool vector_silu_mul(const float* gate, const float* up, float* out, int64_t n);
 // with nothing written, when the CPU lacks AVX2 and FMA.
 bool vector_exp_shifted(float* x, int64_t n, float shift, double& sum);
 
+// out[i] = in[i] * scale + shift for i < n (`out` may be `in`), a multiply then an add as a scalar loop rounds them.
+// Every CPU (vectors with AVX2).
+void affine(const float* in, float* out, int64_t n, float scale, float shift);
+
 // The sum of x[0, n) in double, in several independent partial sums (with AVX2, of four lanes each): a long sum is
 // not one chain of dependent additions. Every CPU.
 double sum_in_double(const float* x, int64_t n);

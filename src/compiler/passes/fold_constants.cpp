@@ -16,8 +16,8 @@ namespace {
 constexpr int64_t kMaxFoldedBytes = int64_t{16} << 20;
 
 bool reads_only_metadata(const std::string& op) {
-  static const std::set<std::string> kOps = {"full_like", "new_full", "zeros_like", "ones_like", "new_ones",
-                                             "new_zeros", "new_empty", "empty_like"};
+  static const std::set<std::string> kOps = {"full_like", "new_full",  "zeros_like", "ones_like",
+                                             "new_ones",  "new_zeros", "new_empty",  "empty_like"};
   return kOps.count(op) != 0;
 }
 
@@ -74,8 +74,10 @@ void fold_constants(Graph& graph, PassContext& context) {
   std::vector<ValueId> kept;
   for (ValueId id : graph.weights) {
     const Value& value = graph.value(id);
-    if (value.weight_key.rfind("folded.", 0) == 0 && !used.count(id)) graph.constants.erase(value.weight_key);
-    else kept.push_back(id);
+    if (value.weight_key.rfind("folded.", 0) == 0 && !used.count(id))
+      graph.constants.erase(value.weight_key);
+    else
+      kept.push_back(id);
   }
   graph.weights = std::move(kept);
   if (folded) context.note("fold_constants", std::to_string(folded) + " nodes evaluated at compile time");

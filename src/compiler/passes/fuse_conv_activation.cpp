@@ -1,18 +1,8 @@
 // conv2d, then optionally an add of a same-shape tensor (a residual connection), then optionally an activation,
 // becomes one fused_conv2d when at least one of the two follows and nothing else reads the intermediates.
-#include <set>
-
 #include "compiler/passes/fusion.h"
 
 namespace npusim::compiler {
-
-namespace {
-
-const std::set<std::string> kActivations = {"relu", "hardtanh", "silu",      "sigmoid",
-                                            "tanh", "gelu",     "hardswish", "leaky_relu"};
-const char* const kActivationParams[] = {"min_val", "max_val", "negative_slope", "approximate"};
-
-}  // namespace
 
 void fuse_conv_activation(Graph& graph, PassContext& context) {
   FusionMatcher m(graph);
@@ -39,11 +29,9 @@ void fuse_conv_activation(Graph& graph, PassContext& context) {
       }
     }
     const Node* activation = m.sole_consumer(value);
-    if (activation && kActivations.count(activation->op) && activation->inputs.size() == 1) {
+    if (activation && fusable_activation(*activation)) {
       pattern.push_back(m.index_of(*activation));
-      attrs.set("activation", activation->op);
-      for (const char* param : kActivationParams)
-        if (!activation->attrs.is_none(param)) attrs.set(param, activation->attrs.get(param));
+      set_activation(attrs, *activation);
     }
     if (pattern.size() == 1) continue;
     const bool residual = attrs.get_bool("has_residual");

@@ -1,6 +1,7 @@
 #include "compiler/passes/fusion.h"
 
 #include <algorithm>
+#include <set>
 #include <variant>
 
 #include "compiler/graph_edit.h"
@@ -110,6 +111,22 @@ ValueId other_input(const Node& node, ValueId known) {
 bool is_last_dim(int64_t dim, size_t rank) {
   const auto r = static_cast<int64_t>(rank);
   return rank > 0 && (dim == r - 1 || dim == -1);
+}
+
+namespace {
+
+const std::set<std::string> kActivations = {"relu", "hardtanh", "silu",      "sigmoid",
+                                            "tanh", "gelu",     "hardswish", "leaky_relu"};
+const char* const kActivationParams[] = {"min_val", "max_val", "negative_slope", "approximate"};
+
+}  // namespace
+
+bool fusable_activation(const Node& node) { return kActivations.count(node.op) && node.inputs.size() == 1; }
+
+void set_activation(Attrs& attrs, const Node& activation) {
+  attrs.set("activation", activation.op);
+  for (const char* param : kActivationParams)
+    if (!activation.attrs.is_none(param)) attrs.set(param, activation.attrs.get(param));
 }
 
 }  // namespace npusim::compiler

@@ -59,6 +59,10 @@ std::optional<double> scalar_attr(const Node& node, const char* name = "other");
 bool unit_alpha(const Node& node);
 // The input of a two-input node that is not `known` (the second one when both are `known`).
 ValueId other_input(const Node& node, ValueId known);
+// Whether `node` is an activation that fused_conv2d and fused_batch_norm can end with (one input).
+bool fusable_activation(const Node& node);
+// Names `activation` (see fusable_activation) in a fused node's attributes, with its parameters.
+void set_activation(Attrs& attrs, const Node& activation);
 // `dim` (possibly negative) names the last of `rank` dims.
 bool is_last_dim(int64_t dim, size_t rank);
 
