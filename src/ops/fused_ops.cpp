@@ -94,6 +94,19 @@ std::optional<std::pair<std::string, Attrs>> fused_activation(const Attrs& attrs
   fail(op + ": unknown activation '" + name + "' (known: " + known + ")");
 }
 
+// What the fused op `op` writes after its activation (none: `pre` itself): the output's meta, or its values.
+TensorMeta activated(const Attrs& attrs, const std::string& op, const TensorMeta& pre) {
+  const auto activation = fused_activation(attrs, op);
+  if (!activation) return pre;
+  const std::vector<TensorMeta> inputs{pre};
+  return infer_step(activation->first, activation->second, inputs);
+}
+
+Tensor activated(const Attrs& attrs, const std::string& op, const Tensor& pre) {
+  const auto activation = fused_activation(attrs, op);
+  return activation ? run_step(activation->first, activation->second, {pre}) : pre;
+}
+
 struct FusedConvInputs {
   size_t conv = 2;  // x, w, and b when present
   std::optional<size_t> residual;
@@ -122,11 +135,7 @@ std::vector<TensorMeta> infer_fused_conv(const Attrs& attrs, std::span<const Ten
            shape_string(out.shape));
     out.dtype = promote_types(out.dtype, residual.dtype);
   }
-  if (const auto activation = fused_activation(attrs, "fused_conv2d")) {
-    const std::vector<TensorMeta> pre{out};
-    out = infer_step(activation->first, activation->second, pre);
-  }
-  return {out};
+  return {activated(attrs, "fused_conv2d", out)};
 }
 
 std::vector<Tensor> reference_fused_conv(const Attrs& attrs, std::span<const Tensor> inputs,
@@ -134,26 +143,17 @@ std::vector<Tensor> reference_fused_conv(const Attrs& attrs, std::span<const Ten
   const FusedConvInputs parts = fused_conv_inputs(attrs, inputs.size());
   Tensor y = run_step("conv2d", attrs, {inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(parts.conv)});
   if (parts.residual) y = run_step("add", {}, {y, inputs[*parts.residual]});
-  if (const auto activation = fused_activation(attrs, "fused_conv2d"))
-    y = run_step(activation->first, activation->second, {y});
-  return as_output(y, outputs[0]);
+  return as_output(activated(attrs, "fused_conv2d", y), outputs[0]);
 }
 
 std::vector<TensorMeta> infer_fused_batch_norm(const Attrs& attrs, std::span<const TensorMeta> inputs) {
-  TensorMeta out = infer_step("batch_norm", attrs, inputs);
-  if (const auto activation = fused_activation(attrs, "fused_batch_norm")) {
-    const std::vector<TensorMeta> pre{out};
-    out = infer_step(activation->first, activation->second, pre);
-  }
-  return {out};
+  return {activated(attrs, "fused_batch_norm", infer_step("batch_norm", attrs, inputs))};
 }
 
 std::vector<Tensor> reference_fused_batch_norm(const Attrs& attrs, std::span<const Tensor> inputs,
                                                std::span<const TensorMeta> outputs) {
-  Tensor y = run_step("batch_norm", attrs, {inputs.begin(), inputs.end()});
-  if (const auto activation = fused_activation(attrs, "fused_batch_norm"))
-    y = run_step(activation->first, activation->second, {y});
-  return as_output(y, outputs[0]);
+  const Tensor y = run_step("batch_norm", attrs, {inputs.begin(), inputs.end()});
+  return as_output(activated(attrs, "fused_batch_norm", y), outputs[0]);
 }
 
 // The activation and its parameters, as fused_conv2d and fused_batch_norm take them.
