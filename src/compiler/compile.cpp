@@ -33,6 +33,20 @@ void add_placement_violations(const Graph& graph, const Target& target, const st
   }
 }
 
+// `disabled` and the fusions whose fused op the target's backend runs only through its generic kernel (the
+// registry's reference on converted copies): that is slower than the ops the fusion replaces, which have kernels.
+std::set<std::string> fusions_off_for(const Target& target, std::set<std::string> disabled, PassContext& context) {
+  const BackendCoverage coverage = backend_coverage(target.backend);
+  for (const Pass& pass : all_passes()) {
+    if (!pass.creates || disabled.count(pass.name)) continue;
+    const OpCoverage* op = coverage.find(pass.creates);
+    if (op && op->kernel) continue;
+    disabled.insert(pass.name);
+    context.note(pass.name, std::string("off: backend '") + target.backend + "' has no kernel for " + pass.creates);
+  }
+  return disabled;
+}
+
 }  // namespace
 
 Program compile_graph(Graph graph, const CompileOptions& options, CompileReport* report) {
@@ -45,7 +59,7 @@ Program compile_graph(Graph graph, const CompileOptions& options, CompileReport*
   out.nodes_before = graph.nodes.size();
 
   PassContext context;
-  run_passes(graph, PassOptions{options.disabled_passes, true}, context);
+  run_passes(graph, PassOptions{fusions_off_for(target, options.disabled_passes, context), true}, context);
 
   Program program;
   program.target = target.name;

@@ -18,6 +18,7 @@ struct Pass {
   const char* summary;
   bool is_fusion;
   void (*run)(Graph& graph, PassContext& context);
+  const char* creates = nullptr;  // a fusion's fused op
 };
 
 // Every pass, in pipeline order.

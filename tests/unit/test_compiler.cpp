@@ -10,6 +10,7 @@
 #include "compiler/compile.h"
 #include "compiler/graph_edit.h"
 #include "compiler/pass.h"
+#include "graph_test_util.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/model_config.h"
 #include "npusim/op_registry.h"
@@ -168,6 +169,29 @@ TEST(Compiler, BatchNormFoldIntoBiasFreeConvKeepsTheShift) {
   const Comparison c = compare_tensors(actual[0].second, expected[0].second);
   EXPECT_LT(c.max_abs_diff, 1e-5) << c.summary();
   EXPECT_GT(c.max_abs_reference, 1.0);  // the statistics really shift the output
+}
+
+TEST(Compiler, FusionsStayOffWhereTheirFusedOpHasNoKernel) {
+  // relu(batch_norm(x)): the CPU backend has a fused_batch_norm kernel, the CUDA backend only its generic one.
+  test::GraphBuilder b;
+  std::vector<ValueId> inputs{b.input("x", {1, 2, 3, 3})};
+  for (const char* name : {"gamma", "beta", "mean", "var"}) inputs.push_back(b.weight(name, {2}));
+  b.output(b.op("relu", {b.op("batch_norm", inputs)}));
+  const auto compiled = [&](const std::string& target, std::vector<std::string>& log) {
+    compiler::CompileOptions options;
+    options.target = target;
+    compiler::CompileReport report;
+    const Program program = compiler::compile_graph(b.graph(), options, &report);
+    log = report.pass_log;
+    std::vector<std::string> ops;
+    for (const Node& node : program.graph.nodes) ops.push_back(node.op);
+    return ops;
+  };
+  std::vector<std::string> log;
+  EXPECT_EQ(compiled("cpu", log), std::vector<std::string>{"fused_batch_norm"});
+  EXPECT_EQ(compiled("cuda", log), (std::vector<std::string>{"batch_norm", "relu"}));
+  const std::string off = "fuse_batchnorm_activation: off: backend 'cuda' has no kernel for fused_batch_norm";
+  EXPECT_NE(std::find(log.begin(), log.end(), off), log.end());
 }
 
 TEST(Compiler, TargetWithoutAnOpReportsFallbackOrFails) {
