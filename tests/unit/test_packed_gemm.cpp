@@ -300,6 +300,28 @@ TEST_P(PackedGemmTest, StridedAWiderThanOneColumnBlock) {
   check_strided_a({{7, 530, 19}, {13, 600, 257}, {128, 1040, 40}, {5, 300, 3100}, {600, 520, 19}});
 }
 
+// Workers claim each other's column blocks once their own are done (more workers than this machine has cores make
+// that likely): with the rows split too, a worker then packs the other region's rows of A whole for them. Every run
+// of every product gives the exact sums, over three and four workers, A strided and prepacked, fp32 and bf16.
+TEST_P(PackedGemmTest, ColumnBlocksClaimedAcrossWorkers) {
+  for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{{600, 1100, 19}, {1200, 1100, 8}, {30, 2600, 23}})
+    for (int threads : {3, 4})
+      for (Source a : {Source::Strided, Source::Packed}) {
+        check({.m = m, .n = n, .k = k, .a = a, .b = Source::Strided, .column_bias = true, .threads = threads});
+        // bf16 both sides, B a transposed weight: the AVX2 tile's bf16 panels and the AVX-512 bf16 pairs.
+        check({.m = m,
+               .n = n,
+               .k = k,
+               .a = a,
+               .b = Source::Strided,
+               .a_elem = Elem::BF16,
+               .b_elem = Elem::BF16,
+               .b_transposed = true,
+               .threads = threads});
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
 // Row blocks whose last panel would hold one or two rows share their last MR + 1 or MR + 2 rows between two panels
 // on the AVX2 tiles: one row block (7, 8, 13, 14 rows), the last of several (96 + 32), a last block of fewer rows
 // than a panel (96 + 2), rows split over two workers, and a single last column (the one-column tile).

@@ -86,6 +86,63 @@ TEST_P(ThreadPoolTest, WakesSleepingWorkers) {
   }
 }
 
+// parallel_claim: every unit once, with the run that holds it, by a worker no other piece uses at that time, and
+// each piece's state made fresh (a piece counts its units in it).
+TEST_P(ThreadPoolTest, ClaimsEveryUnitOnceWithItsRun) {
+  for (int threads : {1, 2, 3, 5}) {
+    ThreadPool pool(threads);
+    pool.set_spin_microseconds(GetParam());
+    for (const std::vector<int64_t>& starts :
+         std::vector<std::vector<int64_t>>{{0}, {0, 0}, {0, 1}, {0, 5}, {0, 3, 3, 10}, {0, 0, 7, 7, 8, 40}}) {
+      const int runs = static_cast<int>(starts.size()) - 1;
+      std::vector<std::atomic<int>> visits(static_cast<size_t>(starts.back()));
+      std::vector<std::atomic<int>> busy(static_cast<size_t>(pool.size()));
+      std::atomic<int> wrong_run{0}, shared_worker{0}, stale_state{0};
+      struct Count {
+        int64_t units = 0;
+        int64_t last = -1;
+      };
+      pool.parallel_claim<Count>(starts.data(), runs, [&](Count& state, int run, int64_t unit, int worker) {
+        if (busy[static_cast<size_t>(worker)].exchange(1) != 0) shared_worker.fetch_add(1);
+        if (run < 0 || run >= runs || unit < starts[run] || unit >= starts[run + 1]) wrong_run.fetch_add(1);
+        if (state.units == 0 && state.last != -1) stale_state.fetch_add(1);
+        ++state.units;
+        state.last = unit;
+        visits[static_cast<size_t>(unit)].fetch_add(1);
+        busy[static_cast<size_t>(worker)].store(0);
+      });
+      ASSERT_EQ(wrong_run.load(), 0);
+      ASSERT_EQ(shared_worker.load(), 0);
+      ASSERT_EQ(stale_state.load(), 0);
+      for (size_t i = 0; i < visits.size(); ++i) ASSERT_EQ(visits[i].load(), 1) << "unit " << i << ", runs " << runs;
+    }
+  }
+}
+
+// A piece held up on a unit leaves the rest of its run to the others: run 0's first unit waits (boundedly) until
+// some other unit of run 0 has been claimed meanwhile, which only another piece can do.
+TEST_P(ThreadPoolTest, ClaimsTheUnitsOfAPieceThatIsHeldUp) {
+  ThreadPool pool(2);
+  pool.set_spin_microseconds(GetParam());
+  const std::vector<int64_t> starts{0, 20, 40};
+  std::atomic<bool> holding{false};
+  std::atomic<int> taken_meanwhile{0};
+  struct NoState {};
+  pool.parallel_claim<NoState>(starts.data(), 2, [&](NoState&, int run, int64_t unit, int) {
+    if (run != 0) return;
+    if (unit != 0) {
+      if (holding.load()) taken_meanwhile.fetch_add(1);
+      return;
+    }
+    holding.store(true);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (taken_meanwhile.load() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    holding.store(false);
+  });
+  EXPECT_GT(taken_meanwhile.load(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Spins, ThreadPoolTest, ::testing::Values(0, 100));
 
 // Also the race where a worker finishes the last piece, the caller returns and destroys the pool, and the worker's

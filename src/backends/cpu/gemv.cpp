@@ -961,10 +961,8 @@ void gemv(const GemvProblem& problem, ThreadPool& pool) {
     run_columns(problem, activations, 0, n);
     return;
   }
-  // Each thread starts on its own contiguous region of columns and claims its chunks in order, so that it reads one
-  // sequential stream (8% more GB/s on two threads than chunks taken in turn from one shared counter); one that
-  // finishes goes on to claim chunks left in the other regions, so a thread that starts late (a busy machine) does
-  // less. Chunks are whole 8-column groups, so that every block of rows stays whole.
+  // Chunks of whole 8-column groups, so that every block of rows stays whole, each thread's own region of them
+  // claimed in order first (parallel_claim: 8% more GB/s on two threads than chunks taken in turn from one counter).
   const GemvWeightType type = problem.weight.type;
   const int64_t bytes_per_column = type == GemvWeightType::F32           ? problem.weight.k * 4
                                    : type == GemvWeightType::Int8        ? problem.weight.k
@@ -972,21 +970,12 @@ void gemv(const GemvProblem& problem, ThreadPool& pool) {
                                                                          : problem.weight.k * 2;
   const int64_t chunk = std::max<int64_t>(8, kChunkBytes / std::max<int64_t>(bytes_per_column, 1) / 8 * 8);
   const int64_t chunks = (n + chunk - 1) / chunk;
-  constexpr int kMaxRegions = 256;
-  const int regions = static_cast<int>(std::min<int64_t>({pool.size(), kMaxRegions, chunks}));
-  struct alignas(64) Cursor {  // one cache line each: a claim does not disturb the other threads' lines
-    std::atomic<int64_t> next;
-  };
-  std::array<Cursor, kMaxRegions> cursors;
-  for (int r = 0; r < regions; ++r) cursors[r].next.store(chunks * r / regions, std::memory_order_relaxed);
-  pool.parallel_for(regions, 1, [&](int64_t own, int64_t, int) {
-    for (int step = 0; step < regions; ++step) {
-      const int r = static_cast<int>((own + step) % regions);
-      const int64_t last = chunks * (r + 1) / regions;
-      for (int64_t c = cursors[r].next.fetch_add(1, std::memory_order_relaxed); c < last;
-           c = cursors[r].next.fetch_add(1, std::memory_order_relaxed))
-        run_columns(problem, activations, c * chunk, std::min(n, (c + 1) * chunk));
-    }
+  const int regions = static_cast<int>(std::min<int64_t>({pool.size(), ThreadPool::kMaxClaimRuns, chunks}));
+  std::array<int64_t, ThreadPool::kMaxClaimRuns + 1> starts;
+  for (int r = 0; r <= regions; ++r) starts[r] = chunks * r / regions;
+  struct NoState {};
+  pool.parallel_claim<NoState>(starts.data(), regions, [&](NoState&, int, int64_t c, int) {
+    run_columns(problem, activations, c * chunk, std::min(n, (c + 1) * chunk));
   });
 }
 

@@ -18,6 +18,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 
@@ -1236,7 +1237,8 @@ Grid choose_grid(int64_t threads, const GemmSpec& s, int64_t mc, int64_t nc, boo
 // The split of a product over a pool of `pool_threads`: as many workers as its size justifies, then choose_grid.
 Grid plan_grid(const GemmSpec& s, int64_t pool_threads, int64_t mc, int64_t nc, bool can_share_b) {
   const int64_t work = s.m * s.n * std::max<int64_t>(s.k, 1);
-  int64_t threads = std::min<int64_t>(pool_threads, std::max<int64_t>(1, work / kMinMacsPerThread));
+  int64_t threads =
+      std::min<int64_t>({pool_threads, ThreadPool::kMaxClaimRuns, std::max<int64_t>(1, work / kMinMacsPerThread)});
   if (s.max_threads > 0) threads = std::min<int64_t>(threads, s.max_threads);
   constexpr int64_t kCachedBytes = int64_t{2} << 20;  // operands larger than this come from memory
   const int64_t a_bytes = s.m * s.k * static_cast<int64_t>(sizeof(float));
@@ -1410,9 +1412,17 @@ bool avx512_tiles(GemmKernelChoice kernel) {
 #endif
 }
 
-// `shared_b`, when given, holds all of B packed (panel p at p * k * NR) and the region packs none of it.
+// The rows of a strided A that a worker's buffers hold packed whole (WorkerBuffers::whole_a), for this run.
+struct WholeARows {
+  int64_t row0 = -1, row1 = -1;
+};
+
+// With `whole_a`, the region's rows of a strided A are taken packed whole from buffers.whole_a, packed there first
+// unless `packed_rows` says they are; else A is packed a block at a time. `shared_b`, when given, holds all of B
+// packed (panel p at p * k * NR) and the region packs none of it.
 void run_region(const Region& region, const Operands& ops, const GemmSpec& spec, int64_t kc, int64_t mc, int64_t nc,
-                const WorkerBuffers& buffers, GemmKernelChoice kernel, const float* shared_b = nullptr) {
+                const WorkerBuffers& buffers, GemmKernelChoice kernel, bool whole_a, WholeARows& packed_rows,
+                const float* shared_b = nullptr) {
   const bool avx2 = kernel != GemmKernelChoice::Portable;
   const bool avx512 = avx512_tiles(kernel);
   const int64_t k = spec.k;
@@ -1466,8 +1476,9 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
   const bool balanced = avx2 && !wide && !packed_a;
   // The region's rows of A packed once for every column block (panel p at p * k * MR, or p * k_pairs * MR words),
   // a row block at a time so that the panels match the blocks'.
-  const bool whole_a = buffers.whole_a && !packed_a && region.col1 - region.col0 > nc;
-  if (whole_a) {
+  whole_a = whole_a && buffers.whole_a && !packed_a;
+  if (whole_a && (packed_rows.row0 != region.row0 || packed_rows.row1 != region.row1)) {
+    packed_rows = {region.row0, region.row1};
     const auto& strided_a = std::get<StridedOperand>(ops.a);
 #ifdef NPUSIM_GEMM_X86
     if (pairs)
@@ -1659,14 +1670,14 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
   const GemmKernelChoice kernel = active_kernel();
   const Operands ops{a, b, c, epilogue};
   float* shared_b = nullptr;
-  auto work_on = [&](int64_t index, int worker) {
+  const auto region_of = [&](int64_t index) {
     const int64_t r = index / grid.cols, q = index % grid.cols;
-    Region region{split(row_panels, grid.rows, r) * MR, std::min(s.m, split(row_panels, grid.rows, r + 1) * MR),
+    return Region{split(row_panels, grid.rows, r) * MR, std::min(s.m, split(row_panels, grid.rows, r + 1) * MR),
                   split(col_panels, grid.cols, q) * NR, std::min(s.n, split(col_panels, grid.cols, q + 1) * NR)};
-    if (region.row0 >= region.row1 || region.col0 >= region.col1) return;
-    const WorkerBuffers buffers =
-        worker_buffers(scratch.worker_as<float>(worker), mc_, nc_, kc_, s.b_prepacked ? 0 : s.k * nc_, whole_a_floats_);
-    run_region(region, ops, s, kc_, mc_, nc_, buffers, kernel, shared_b);
+  };
+  const auto buffers_of = [&](int worker) {
+    return worker_buffers(scratch.worker_as<float>(worker), mc_, nc_, kc_, s.b_prepacked ? 0 : s.k * nc_,
+                          whole_a_floats_);
   };
   if (grid.shared_b) {
     shared_b = shared_b_of(scratch);
@@ -1681,14 +1692,29 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
         pack_b_im2col(std::get<Im2colOperand>(b), s.k, col0, cols, dst, avx2, avx512);
     });
   }
-  const int64_t pieces = grid.rows * grid.cols;
+  const int pieces = static_cast<int>(grid.rows * grid.cols);
   if (pieces == 1) {
-    work_on(0, 0);
+    WholeARows packed_rows;
+    run_region(region_of(0), ops, s, kc_, mc_, nc_, buffers_of(0), kernel, s.n > nc_, packed_rows, shared_b);
     return;
   }
-  pool.parallel_for(pieces, 1, [&](int64_t begin, int64_t end, int worker) {
-    for (int64_t index = begin; index < end; ++index) work_on(index, worker);
-  });
+  // Each piece's region is claimed a column block at a time (parallel_claim), so that a worker that finishes its
+  // own goes on with blocks another has not reached; a block is computed the same way whoever claims it.
+  std::array<int64_t, ThreadPool::kMaxClaimRuns + 1> starts{};
+  for (int index = 0; index < pieces; ++index) {
+    const Region region = region_of(index);
+    const bool empty = region.row0 >= region.row1 || region.col0 >= region.col1;
+    starts[index + 1] = starts[index] + (empty ? 0 : ceil_div(region.col1 - region.col0, nc_));
+  }
+  pool.parallel_claim<WholeARows>(starts.data(), pieces,
+                                  [&](WholeARows& packed_rows, int index, int64_t unit, int worker) {
+                                    const Region region = region_of(index);
+                                    Region block = region;
+                                    block.col0 = region.col0 + (unit - starts[index]) * nc_;
+                                    block.col1 = std::min(region.col1, block.col0 + nc_);
+                                    run_region(block, ops, s, kc_, mc_, nc_, buffers_of(worker), kernel,
+                                               region.col1 - region.col0 > nc_, packed_rows, shared_b);
+                                  });
 }
 
 bool PackedGemm::single_worker(int threads) const {
@@ -1712,7 +1738,9 @@ void PackedGemm::run_on_worker(const GemmOperand& a, const GemmOperand& b, const
   check(a, b, c, epilogue);
   const WorkerBuffers buffers =
       worker_buffers(scratch.worker_as<float>(worker), mc_, nc_, kc_, s.b_prepacked ? 0 : s.k * nc_, whole_a_floats_);
-  run_region({0, s.m, 0, s.n}, Operands{a, b, c, epilogue}, s, kc_, mc_, nc_, buffers, active_kernel());
+  WholeARows packed_rows;
+  run_region({0, s.m, 0, s.n}, Operands{a, b, c, epilogue}, s, kc_, mc_, nc_, buffers, active_kernel(), s.n > nc_,
+             packed_rows);
 }
 
 void store_through_epilogue(float* sums, int64_t ld_sums, int64_t rows, int64_t cols, int64_t row0, int64_t col0,

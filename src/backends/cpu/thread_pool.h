@@ -7,6 +7,7 @@
 // from a shared counter, so a thread that is slow to start (asleep, or descheduled on a busy machine) leaves its piece
 // to whoever is free, the caller included.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <thread>
@@ -41,6 +42,34 @@ class ThreadPool {
     run_job([](const void* context, int64_t begin, int64_t end,
                int worker) { (*static_cast<const Fn*>(context))(begin, end, worker); },
             &fn, count, per_piece);
+  }
+
+  // The most runs parallel_claim deals.
+  static constexpr int kMaxClaimRuns = 256;
+
+  // Calls fn(state, run, unit, worker) once for every unit of [0, starts[runs]), dealt as `runs` contiguous runs
+  // (run r: [starts[r], starts[r + 1])), one to each piece: a piece claims the units of its own run in order, so that
+  // it reads one sequential stream, then goes on to claim the units left in the other runs, so that a thread that
+  // starts late or runs slower (a busy machine, a core shared with another guest) does less instead of holding up
+  // the rest. `state` is a State made for each piece, for what a piece keeps from one unit to the next. At most
+  // kMaxClaimRuns runs; `fn` must not throw.
+  template <typename State, typename Fn>
+  void parallel_claim(const int64_t* starts, int runs, const Fn& fn) {
+    struct alignas(64) Cursor {  // one cache line each: a claim does not disturb the other threads' lines
+      std::atomic<int64_t> next;
+    };
+    std::array<Cursor, kMaxClaimRuns> cursors;
+    runs = std::clamp(runs, 0, kMaxClaimRuns);
+    for (int r = 0; r < runs; ++r) cursors[r].next.store(starts[r], std::memory_order_relaxed);
+    parallel_for(runs, 1, [&](int64_t own, int64_t, int worker) {
+      State state{};
+      for (int step = 0; step < runs; ++step) {
+        const int r = static_cast<int>((own + step) % runs);
+        for (int64_t unit = cursors[r].next.fetch_add(1, std::memory_order_relaxed); unit < starts[r + 1];
+             unit = cursors[r].next.fetch_add(1, std::memory_order_relaxed))
+          fn(state, r, unit, worker);
+      }
+    });
   }
 
   // How long an idle worker (and the caller waiting for its workers) spins before it sleeps; 0 sleeps at once.
