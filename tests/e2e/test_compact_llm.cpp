@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "backends/cpu/compact_bf16.h"
+#include "backends/cpu/gemv.h"
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/packed_gemm.h"
 #include "llm/model_dir.h"
 #include "llm/sampler.h"
 #include "llm/session.h"
@@ -79,6 +82,30 @@ TEST(CompactLlm, AppliesToBf16WeightsOnTheCpuOnly) {
   EXPECT_FALSE(compact_weights({.backend = "cuda"}, DType::BFloat16));
   EXPECT_FALSE(compact_weights({.quantize = WeightQuantization::Int8}, DType::BFloat16));
   EXPECT_EQ(Session(tiny(), {.context = 64, .dtype = DType::Float32}).describe().find("12 bits"), std::string::npos);
+}
+
+// On the AVX2 tile the prompt's products read bf16 weights packed once, while a session holds them: its logits are
+// those of the portable kernel's session within summation-order rounding.
+TEST(CompactLlm, PromptsReadWeightsPrepackedForTheAvx2Tile) {
+  if (!cpu::gemm_kernel_supported(cpu::GemmKernelChoice::Avx2)) GTEST_SKIP() << "needs AVX2";
+  const SessionOptions options{.context = 64, .dtype = DType::BFloat16, .threads = 2};
+  const std::vector<int32_t> tokens = test::qwen_tiny_prompt();
+  ASSERT_GT(tokens.size(), cpu::kGemvMaxRows);  // the prompt's linear layers run on the GEMM
+  cpu::set_gemm_kernel_choice(cpu::GemmKernelChoice::Portable);
+  const std::vector<float> expected = Session(tiny(), options).feed(tokens);
+  EXPECT_EQ(cpu::prepacked_weight_bytes(), 0);
+  cpu::set_gemm_kernel_choice(cpu::GemmKernelChoice::Avx2);
+  std::vector<float> actual;
+  {
+    Session session(tiny(), options);
+    actual = session.feed(tokens);
+    EXPECT_GT(cpu::prepacked_weight_bytes(), 0);
+  }
+  EXPECT_EQ(cpu::prepacked_weight_bytes(), 0);  // released with the session
+  cpu::set_gemm_kernel_choice(cpu::GemmKernelChoice::Best);
+  const Comparison c = compare_tensors(test::logits_tensor(actual), test::logits_tensor(expected));
+  EXPECT_GT(c.pearson, 0.99999) << c.summary();
+  EXPECT_TRUE(c.all_argmax_match()) << c.summary();
 }
 
 TEST(CompactLlm, CommandsTakeTheOption) {

@@ -48,7 +48,8 @@ float round_to(Elem elem, double value) {
   return load_float(bytes, elem, 0);
 }
 
-enum class Source { Packed, Strided };
+// Interleaved: B is a transposed bf16 weight prepacked in the AVX2 tile's order (PackedMatrix::pack_interleaved_bf16).
+enum class Source { Packed, Strided, Interleaved };
 
 struct Case {
   int64_t m = 1, n = 1, k = 1;
@@ -126,7 +127,7 @@ void check(const Case& t) {
 
   ThreadPool pool(t.threads);
   ScratchSpace scratch;
-  PackedGemm gemm({.m = m, .n = n, .k = k, .a_prepacked = t.a == Source::Packed, .b_prepacked = t.b == Source::Packed},
+  PackedGemm gemm({.m = m, .n = n, .k = k, .a_prepacked = t.a == Source::Packed, .b_prepacked = t.b != Source::Strided},
                   scratch);
   scratch.allocate(pool.size());
   PackedMatrix a_packed, b_packed;
@@ -138,6 +139,12 @@ void check(const Case& t) {
   }
   if (t.b == Source::Packed) {
     b_packed = PackedMatrix::pack(GemmSide::B, b_data, t.b_elem, k, n, b_ld, t.b_transposed);
+    b_operand = &b_packed;
+  }
+  if (t.b == Source::Interleaved) {
+    ASSERT_TRUE(t.b_elem == Elem::BF16 && t.b_transposed);
+    b_packed = PackedMatrix::pack_interleaved_bf16(reinterpret_cast<const uint16_t*>(b_data), n, k, b_ld, &pool);
+    ASSERT_TRUE(b_packed.interleaved());
     b_operand = &b_packed;
   }
   // Twice: a second run over the same scratch gives the same answer.
@@ -259,6 +266,28 @@ TEST_P(PackedGemmTest, Bf16OperandsTogether) {
                .b_pad = 5,
                .column_bias = n % 2 == 1,
                .threads = static_cast<int>(m % 2) + 1});
+        if (testing::Test::HasFailure()) return;
+      }
+}
+
+// A bf16 linear weight prepacked in the AVX2 tile's order, read by every kernel family: A bf16 or fp32, partial
+// panels both ways, odd depths, several depth blocks and column blocks, one and two workers.
+TEST_P(PackedGemmTest, Bf16WeightPrepackedInterleaved) {
+  for (int64_t m : {1, 5, 6, 7, 13, 128})
+    for (int64_t n : {1, 7, 16, 17, 33, 530})
+      for (int64_t k : {0, 1, 3, 8, 17, 257, 600}) {
+        check({.m = m,
+               .n = n,
+               .k = k,
+               .b = Source::Interleaved,
+               .a_elem = n % 2 == 1 ? Elem::BF16 : Elem::F32,
+               .b_elem = Elem::BF16,
+               .c_elem = k % 2 == 1 ? Elem::BF16 : Elem::F32,
+               .b_transposed = true,
+               .a_pad = 3,
+               .b_pad = 5,
+               .column_bias = m % 2 == 1,
+               .threads = static_cast<int>(k % 2) + 1});
         if (testing::Test::HasFailure()) return;
       }
 }
@@ -639,6 +668,42 @@ TEST(PackedMatrix, OffsetOfLocatesEveryElementAndTheRestIsZero) {
           for (size_t i = 0; i < used.size(); ++i)
             if (!used[i]) ASSERT_EQ(load_float(packed.panel(0), elem, static_cast<int64_t>(i)), 0.0f) << i;
         }
+}
+
+// The same for a bf16 weight [n, k] prepacked as an interleaved B [k, n], packed alone and over a pool.
+TEST(PackedMatrix, InterleavedOffsetOfLocatesEveryElementAndTheRestIsZero) {
+  for (GemmKernelChoice kernel : {GemmKernelChoice::Portable, GemmKernelChoice::Best}) {
+    set_gemm_kernel_choice(kernel);
+    for (int64_t n : {1, 5, 16, 19, 40})
+      for (int64_t k : {1, 3, 8, 17, 300}) {
+        SCOPED_TRACE(testing::Message() << n << "x" << k << " kernel " << static_cast<int>(kernel));
+        const int64_t ld = k + 3;
+        const std::vector<float> v = values(n, k, 7);
+        const std::vector<std::byte> bytes = store(v, n, k, Elem::BF16, ld, false);
+        const auto* bits = reinterpret_cast<const uint16_t*>(bytes.data());
+        const PackedMatrix packed = PackedMatrix::pack_interleaved_bf16(bits, n, k, ld);
+        ASSERT_TRUE(packed.interleaved());
+        ASSERT_EQ(packed.rows(), k);
+        ASSERT_EQ(packed.cols(), n);
+        std::vector<bool> used(packed.bytes() / 2, false);
+        for (int64_t p = 0; p < k; ++p)
+          for (int64_t j = 0; j < n; ++j) {
+            const size_t at = packed.offset_of(p, j);
+            ASSERT_LT(at, used.size());
+            ASSERT_FALSE(used[at]) << p << "," << j;
+            used[at] = true;
+            ASSERT_EQ(load_float(packed.panel(0), Elem::BF16, static_cast<int64_t>(at)),
+                      v[static_cast<size_t>(j * k + p)])
+                << p << "," << j;
+          }
+        for (size_t i = 0; i < used.size(); ++i)
+          if (!used[i]) ASSERT_EQ(load_float(packed.panel(0), Elem::BF16, static_cast<int64_t>(i)), 0.0f) << i;
+        ThreadPool pool(2);
+        ASSERT_EQ(packed_bytes(PackedMatrix::pack_interleaved_bf16(bits, n, k, ld, &pool)), packed_bytes(packed));
+      }
+  }
+  set_gemm_kernel_choice(GemmKernelChoice::Best);
+  EXPECT_THROW(PackedMatrix::pack_interleaved_bf16(nullptr, 4, 8, 7), Error);
 }
 
 // A zeroed operand filled through offset_of is the packed operand.

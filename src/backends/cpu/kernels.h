@@ -106,6 +106,9 @@ const KernelTable& kernel_table();
 void add_elementwise_kernels(KernelTable& table);
 void add_shape_kernels(KernelTable& table);
 void add_linalg_kernels(KernelTable& table);
+// Bytes of bf16 linear weights that linear kernels hold prepacked for the AVX2 tile (shared by every program that
+// binds the same weight), at most a quarter of the machine's memory.
+int64_t prepacked_weight_bytes();
 void add_conv_kernels(KernelTable& table);
 void add_nn_kernels(KernelTable& table);
 void add_pool_kernels(KernelTable& table);

@@ -48,6 +48,11 @@ class PackedMatrix {
   // An all-zero packed operand for callers that compute the values straight into their packed places (see
   // offset_of), so that the logical matrix never exists on its own.
   static PackedMatrix zeroed(GemmSide side, Elem elem, int64_t rows, int64_t cols);
+  // A linear weight [n, k] of bf16 bits (row stride ld) as B [k, n] in the order the AVX2 tile widens without a
+  // shuffle (see interleaved()): what a product packs from such a weight on every run, packed once. With a pool, its
+  // threads share the panels.
+  static PackedMatrix pack_interleaved_bf16(const uint16_t* weight, int64_t n, int64_t k, int64_t ld,
+                                            ThreadPool* pool = nullptr);
 
   GemmSide side() const { return side_; }
   Elem elem() const { return elem_; }
@@ -59,6 +64,9 @@ class PackedMatrix {
   // file, see PackingArenaScope); pack() then returns it as it is, and callers that compute values into a zeroed()
   // operand skip that.
   bool prewritten() const { return prewritten_; }
+  // Whether each depth step of a (bf16, B) panel holds its columns in the order 0 8 1 9 ... 7 15: 32-bit lane i then
+  // has column i in its low half and column i + 8 in its high half.
+  bool interleaved() const { return interleaved_; }
   // Panel `p` (k-major, kGemmTileRows or kGemmTileCols values per k step) in the packed storage type.
   const std::byte* panel(int64_t p) const { return data_ + static_cast<size_t>(p) * panel_bytes_; }
   std::byte* mutable_panel(int64_t p) { return data_ + static_cast<size_t>(p) * panel_bytes_; }
@@ -66,11 +74,15 @@ class PackedMatrix {
   size_t offset_of(int64_t r, int64_t c) const {
     const int64_t width = side_ == GemmSide::A ? kGemmTileRows : kGemmTileCols;
     const int64_t line = side_ == GemmSide::A ? r : c, step = side_ == GemmSide::A ? c : r;
+    const int64_t slot = interleaved_ ? line % (width / 2) * 2 + line % width / (width / 2) : line % width;
     return static_cast<size_t>(line / width) * (panel_bytes_ / elem_size(elem_)) +
-           static_cast<size_t>(step * width + line % width);
+           static_cast<size_t>(step * width + slot);
   }
 
  private:
+  // The layout of a packed [rows, cols] operand, with no storage yet.
+  static PackedMatrix shaped(GemmSide side, Elem elem, int64_t rows, int64_t cols);
+
   GemmSide side_ = GemmSide::A;
   Elem elem_ = Elem::F32;
   int64_t rows_ = 0, cols_ = 0;
@@ -79,6 +91,7 @@ class PackedMatrix {
   std::byte* data_ = nullptr;
   size_t bytes_ = 0;
   bool prewritten_ = false;
+  bool interleaved_ = false;
 };
 
 // Maps the storage of freshly made packed operands in before they are written, in pieces over the pool's threads
