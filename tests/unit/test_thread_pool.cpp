@@ -119,6 +119,33 @@ TEST_P(ThreadPoolTest, ClaimsEveryUnitOnceWithItsRun) {
   }
 }
 
+// Equal runs over [0, count), as many as there are threads or units: every unit once, on workers within the pool,
+// never two at once on one worker.
+TEST_P(ThreadPoolTest, ClaimsEveryUnitOfEqualRunsOnce) {
+  for (int threads : {1, 2, 3})
+    for (int64_t count : {0, 1, 2, 5, 64, 1001}) {
+      ThreadPool pool(threads);
+      pool.set_spin_microseconds(GetParam());
+      std::vector<std::atomic<int>> visits(static_cast<size_t>(count));
+      std::vector<std::atomic<int>> busy(static_cast<size_t>(pool.size()));
+      std::atomic<int> bad_worker{0}, shared_worker{0};
+      struct NoState {};
+      pool.parallel_claim_units<NoState>(count, [&](NoState&, int64_t unit, int worker) {
+        if (worker < 0 || worker >= pool.size()) {
+          bad_worker.fetch_add(1);
+          return;
+        }
+        if (busy[static_cast<size_t>(worker)].exchange(1) != 0) shared_worker.fetch_add(1);
+        visits[static_cast<size_t>(unit)].fetch_add(1);
+        busy[static_cast<size_t>(worker)].store(0);
+      });
+      ASSERT_EQ(bad_worker.load(), 0);
+      ASSERT_EQ(shared_worker.load(), 0);
+      for (size_t i = 0; i < visits.size(); ++i)
+        ASSERT_EQ(visits[i].load(), 1) << "unit " << i << " of " << count << ", threads " << threads;
+    }
+}
+
 // A piece held up on a unit leaves the rest of its run to the others: run 0's first unit waits (boundedly) until
 // some other unit of run 0 has been claimed meanwhile, which only another piece can do.
 TEST_P(ThreadPoolTest, ClaimsTheUnitsOfAPieceThatIsHeldUp) {

@@ -540,95 +540,96 @@ void WinogradConv::run(const float* input, float* workspace, const GemmOutput& o
   const InputLayout layout = input_layout(m, tiles_h_, tw);
   const int64_t padded_w = layout.padded_w, padded_floats = layout.padded_floats, phase_stride = layout.phase_stride,
                 deinterleaved_row = layout.deinterleaved_row;
-  pool.parallel_for(cin, 1, [&](int64_t begin, int64_t end, int worker) {
+  // Horizontal input k of tile l is column m l + k: phase k % m, tile l + k / m.
+  int64_t horizontal[6];
+  for (int k = 0; k < alpha; ++k) horizontal[k] = (k % m) * lanes + k / m;
+  // Channels, points and output channels are claimed one at a time (each thread its own share first): a thread
+  // that runs slower on a busy host does fewer of them.
+  struct Bordered {
+    bool zeroed = false;  // the worker's padded plane has its zero border
+  };
+  pool.parallel_claim_units<Bordered>(cin, [&](Bordered& state, int64_t c, int worker) {
     float* padded = scratch.worker_as<float>(worker);  // the channel inside its zero border, then slack
     float* phases = padded + padded_floats;            // [alpha rows][m phases][tiles_h][row], phase_stride apart
     float* rows = phases + alpha * m * phase_stride;   // [alpha rows][m phases][tiles_h][row] after the vertical pass
     // The border stays zero: every channel writes the same inside positions.
-    std::fill(padded, phases, 0.0f);
-    // Horizontal input k of tile l is column m l + k: phase k % m, tile l + k / m.
-    int64_t horizontal[6];
-    for (int k = 0; k < alpha; ++k) horizontal[k] = (k % m) * lanes + k / m;
-    for (int64_t c = begin; c < end; ++c) {
-      // The next channel's rows of the transform points' matrices, asked into L2 while this one is transformed
-      // (36 rows far apart: ResNet-50's layer-1 convolution 0.82 -> 0.72 ms in a crowded spell of the host).
-      if (c + 1 < end)
-        for (int xi = 0; xi < points; ++xi)
-          prefetch_to_l2(v + xi * v_stride + (c + 1) * tiles, static_cast<size_t>(tiles) * sizeof(float));
-      const float* plane = input + c * height * width;
-      for (int64_t iy = 0; iy < height; ++iy)
-        std::memcpy(padded + (iy + g_.pad_h) * padded_w + g_.pad_w, plane + iy * width,
-                    static_cast<size_t>(width) * sizeof(float));
-      split_phases({padded, padded_w, phases, phase_stride, row, tiles_h_, deinterleaved_row, m}, avx2);
-      const float* in[6];
-      float* outs[6];
-      for (int ph = 0; ph < m; ++ph) {
-        for (int k = 0; k < alpha; ++k) {
-          in[k] = phases + (k * m + ph) * phase_stride;
-          outs[k] = rows + (k * m + ph) * lanes;
-        }
-        input_1d(in, outs, lanes);
+    if (!state.zeroed) std::fill(padded, phases, 0.0f);
+    state.zeroed = true;
+    // The next channel's rows of the transform points' matrices, asked into L2 while this one is transformed
+    // (36 rows far apart: ResNet-50's layer-1 convolution 0.82 -> 0.72 ms in a crowded spell of the host).
+    if (c + 1 < cin)
+      for (int xi = 0; xi < points; ++xi)
+        prefetch_to_l2(v + xi * v_stride + (c + 1) * tiles, static_cast<size_t>(tiles) * sizeof(float));
+    const float* plane = input + c * height * width;
+    for (int64_t iy = 0; iy < height; ++iy)
+      std::memcpy(padded + (iy + g_.pad_h) * padded_w + g_.pad_w, plane + iy * width,
+                  static_cast<size_t>(width) * sizeof(float));
+    split_phases({padded, padded_w, phases, phase_stride, row, tiles_h_, deinterleaved_row, m}, avx2);
+    const float* in[6];
+    float* outs[6];
+    for (int ph = 0; ph < m; ++ph) {
+      for (int k = 0; k < alpha; ++k) {
+        in[k] = phases + (k * m + ph) * phase_stride;
+        outs[k] = rows + (k * m + ph) * lanes;
       }
-      horizontal_1d({rows, lanes, row, tiles_h_, tw, padded_row, horizontal, v + c * tiles, v_stride});
+      input_1d(in, outs, lanes);
     }
+    horizontal_1d({rows, lanes, row, tiles_h_, tw, padded_row, horizontal, v + c * tiles, v_stride});
   });
 
   // One independent product per transform point.
-  pool.parallel_for(points, 1, [&](int64_t begin, int64_t end, int worker) {
-    for (int64_t xi = begin; xi < end; ++xi) {
-      const auto* vx = reinterpret_cast<const std::byte*>(v + xi * v_stride);
-      auto* px = reinterpret_cast<std::byte*>(products + xi * products_stride);
-      if (tiles_as_rows_)
-        gemm_.run_on_worker(StridedOperand{vx, Elem::F32, tiles, true}, &weights_[static_cast<size_t>(xi)],
-                            {px, Elem::F32, cout}, {}, worker, scratch);
-      else
-        gemm_.run_on_worker(&weights_[static_cast<size_t>(xi)], StridedOperand{vx, Elem::F32, tiles},
-                            {px, Elem::F32, tiles}, {}, worker, scratch);
-    }
+  struct NoState {};
+  pool.parallel_claim_units<NoState>(points, [&](NoState&, int64_t xi, int worker) {
+    const auto* vx = reinterpret_cast<const std::byte*>(v + xi * v_stride);
+    auto* px = reinterpret_cast<std::byte*>(products + xi * products_stride);
+    if (tiles_as_rows_)
+      gemm_.run_on_worker(StridedOperand{vx, Elem::F32, tiles, true}, &weights_[static_cast<size_t>(xi)],
+                          {px, Elem::F32, cout}, {}, worker, scratch);
+    else
+      gemm_.run_on_worker(&weights_[static_cast<size_t>(xi)], StridedOperand{vx, Elem::F32, tiles},
+                          {px, Elem::F32, tiles}, {}, worker, scratch);
   });
 
   // Output tiles, one channel per step, both passes over all tiles at once.
-  pool.parallel_for(cout, 1, [&](int64_t begin, int64_t end, int worker) {
+  pool.parallel_claim_units<NoState>(cout, [&](NoState&, int64_t o, int worker) {
     float* gathered = scratch.worker_as<float>(worker);              // [points][tiles], products as [tiles, Cout]
     float* half = gathered + (tiles_as_rows_ ? points * tiles : 0);  // [alpha][m][tiles]
     float* done = half + alpha * m * tiles;                          // [m][m][tiles]
     float* plane = done + m * m * tiles;                             // the channel's output [out_h, out_w]
     const size_t out_es = elem_size(out.elem), residual_es = elem_size(epilogue.residual_elem);
     const int64_t pixels = g_.out_h * g_.out_w;
-    for (int64_t o = begin; o < end; ++o) {
-      // The next channel's output plane and residual, likewise.
-      if (o + 1 < end) {
-        prefetch_to_l2(out.data + static_cast<size_t>((o + 1) * out.ld) * out_es, static_cast<size_t>(pixels) * out_es);
-        if (epilogue.residual)
-          prefetch_to_l2(epilogue.residual + static_cast<size_t>((o + 1) * epilogue.residual_ld) * residual_es,
-                         static_cast<size_t>(pixels) * residual_es);
-      }
-      const float* mt[36];
-      for (int xi = 0; xi < points; ++xi) {
-        if (!tiles_as_rows_) {
-          mt[xi] = products + xi * products_stride + o * tiles;
-          continue;
-        }
-        float* dst = gathered + xi * tiles;
-        const float* src = products + xi * products_stride + o;
-        for (int64_t t = 0; t < tiles; ++t) dst[t] = src[t * cout];
-        mt[xi] = dst;
-      }
-      const float* in[6];
-      float* outs[6];
-      for (int i = 0; i < alpha; ++i) {
-        for (int j = 0; j < alpha; ++j) in[j] = mt[i * alpha + j];
-        for (int r = 0; r < m; ++r) outs[r] = half + (i * m + r) * tiles;
-        output_1d(in, outs, tiles);
-      }
-      for (int r = 0; r < m; ++r) {
-        for (int i = 0; i < alpha; ++i) in[i] = half + (i * m + r) * tiles;
-        for (int q = 0; q < m; ++q) outs[q] = done + (q * m + r) * tiles;
-        output_1d(in, outs, tiles);
-      }
-      merge_rows({done, tiles, tiles_h_, tw, padded_row, g_.out_h, g_.out_w, plane, m}, avx2);
-      store_through_epilogue(plane, 0, 1, g_.out_h * g_.out_w, o, 0, out, epilogue);
+    // The next channel's output plane and residual, likewise.
+    if (o + 1 < cout) {
+      prefetch_to_l2(out.data + static_cast<size_t>((o + 1) * out.ld) * out_es, static_cast<size_t>(pixels) * out_es);
+      if (epilogue.residual)
+        prefetch_to_l2(epilogue.residual + static_cast<size_t>((o + 1) * epilogue.residual_ld) * residual_es,
+                       static_cast<size_t>(pixels) * residual_es);
     }
+    const float* mt[36];
+    for (int xi = 0; xi < points; ++xi) {
+      if (!tiles_as_rows_) {
+        mt[xi] = products + xi * products_stride + o * tiles;
+        continue;
+      }
+      float* dst = gathered + xi * tiles;
+      const float* src = products + xi * products_stride + o;
+      for (int64_t t = 0; t < tiles; ++t) dst[t] = src[t * cout];
+      mt[xi] = dst;
+    }
+    const float* in[6];
+    float* outs[6];
+    for (int i = 0; i < alpha; ++i) {
+      for (int j = 0; j < alpha; ++j) in[j] = mt[i * alpha + j];
+      for (int r = 0; r < m; ++r) outs[r] = half + (i * m + r) * tiles;
+      output_1d(in, outs, tiles);
+    }
+    for (int r = 0; r < m; ++r) {
+      for (int i = 0; i < alpha; ++i) in[i] = half + (i * m + r) * tiles;
+      for (int q = 0; q < m; ++q) outs[q] = done + (q * m + r) * tiles;
+      output_1d(in, outs, tiles);
+    }
+    merge_rows({done, tiles, tiles_h_, tw, padded_row, g_.out_h, g_.out_w, plane, m}, avx2);
+    store_through_epilogue(plane, 0, 1, g_.out_h * g_.out_w, o, 0, out, epilogue);
   });
 }
 

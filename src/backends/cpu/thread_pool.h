@@ -72,6 +72,22 @@ class ThreadPool {
     });
   }
 
+  // parallel_claim over [0, count) dealt as one equal run per thread (fewer when count is smaller): fn(state, unit,
+  // worker) for units whose costs are alike.
+  template <typename State, typename Fn>
+  void parallel_claim_units(int64_t count, const Fn& fn) {
+    const int runs = static_cast<int>(std::min<int64_t>({size(), kMaxClaimRuns, count}));
+    if (runs <= 1) {
+      State state{};
+      for (int64_t unit = 0; unit < count; ++unit) fn(state, unit, 0);
+      return;
+    }
+    std::array<int64_t, kMaxClaimRuns + 1> starts;
+    for (int r = 0; r <= runs; ++r) starts[r] = count * r / runs;
+    parallel_claim<State>(starts.data(), runs,
+                          [&](State& state, int, int64_t unit, int worker) { fn(state, unit, worker); });
+  }
+
   // How long an idle worker (and the caller waiting for its workers) spins before it sleeps; 0 sleeps at once.
   // For tests and measurements.
   void set_spin_microseconds(int64_t microseconds) {
