@@ -1091,6 +1091,21 @@ void prefault_storage(const std::vector<PackedMatrix*>& matrices, ThreadPool* po
     fault_in(0, static_cast<int64_t>(pieces.size()), 0);
 }
 
+namespace {
+
+// pack_panels(begin, end) over panels [0, panels) of `panel_bytes` of source each, split over the pool (when given)
+// in pieces of at least 64 KiB of source: smaller ones cost more to hand out than they save.
+template <typename PackPanels>
+void over_panel_pieces(ThreadPool* pool, int64_t panels, int64_t panel_bytes, const PackPanels& pack_panels) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, panel_bytes));
+  if (pool && panels > grain)
+    pool->parallel_for(panels, grain, [&](int64_t begin, int64_t end, int) { pack_panels(begin, end); });
+  else
+    pack_panels(0, panels);
+}
+
+}  // namespace
+
 PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem, int64_t rows, int64_t cols, int64_t ld,
                                 bool transposed, ThreadPool* pool, const double* line_scales) {
   require(!line_scales || elem == Elem::F32, "scaled lines are packed from fp32 only");
@@ -1108,12 +1123,7 @@ PackedMatrix PackedMatrix::pack(GemmSide side, const std::byte* data, Elem elem,
   const bool rows_are_lines = (side == GemmSide::A) != transposed;
   const bool avx2 = use_avx2();
   const auto over_panels = [&](const auto& pack_panels) {
-    // Pieces of at least 64 KiB of source: smaller ones cost more to hand out than they save.
-    const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, depth * width * es));
-    if (pool && panels > grain)
-      pool->parallel_for(panels, grain, [&](int64_t begin, int64_t end, int) { pack_panels(begin, end); });
-    else
-      pack_panels(0, panels);
+    over_panel_pieces(pool, panels, depth * width * static_cast<int64_t>(es), pack_panels);
   };
   // The panel just written, while it is still in the cache.
   const auto scale_lines = [&](int64_t panel) {
@@ -1181,12 +1191,7 @@ PackedMatrix PackedMatrix::pack_interleaved_bf16(const uint16_t* weight, int64_t
       pack_b_interleaved(source, k, panel * NR, std::min(NR, n - panel * NR),
                          reinterpret_cast<uint16_t*>(m.mutable_panel(panel)), avx2);
   };
-  // Pieces of at least 64 KiB of source, as pack() hands them out.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{64} << 10) / std::max<int64_t>(1, k * NR * 2));
-  if (pool && panels > grain)
-    pool->parallel_for(panels, grain, [&](int64_t begin, int64_t end, int) { pack_panels(begin, end); });
-  else
-    pack_panels(0, panels);
+  over_panel_pieces(pool, panels, k * NR * static_cast<int64_t>(sizeof(uint16_t)), pack_panels);
   return m;
 }
 
