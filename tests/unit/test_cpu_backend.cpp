@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/packed_gemm.h"
 #include "backends/cpu/storage.h"
 #include "compiler/graph_edit.h"
 #include "compiler/memory_plan.h"
@@ -338,6 +340,33 @@ TEST(CpuBackend, ReportsThePrepareCostAndPackedBytes) {
   ASSERT_EQ(actual.shape(), expected.shape());
   for (int64_t i = 0; i < expected.numel(); ++i)
     ASSERT_NEAR(actual.element_as_double(i), expected.element_as_double(i), 1e-4) << i;
+}
+
+// A bf16 linear weight that products read on the AVX2 tile is packed at prepare time too, and counted.
+TEST(CpuBackend, CountsBf16WeightsPackedForTheAvx2Tile) {
+  if (!cpu::gemm_kernel_supported(cpu::GemmKernelChoice::Avx2)) GTEST_SKIP() << "needs AVX2";
+  Builder builder;
+  const ValueId x = builder.input("x", {9, 24}, DType::BFloat16);
+  const ValueId weight = builder.weight("fc.weight", {20, 24}, DType::BFloat16);
+  const Graph graph = builder.finish({builder.node("linear", "fc", {x, weight})});
+  Tensor w(DType::Float32, {20, 24}), input(DType::Float32, {9, 24});
+  for (int64_t i = 0; i < w.numel(); ++i) w.mutable_data<float>()[i] = static_cast<float>((i * 37 % 19) - 9) / 8.0f;
+  for (int64_t i = 0; i < input.numel(); ++i)
+    input.mutable_data<float>()[i] = static_cast<float>((i * 53 % 23) - 11) / 4.0f;
+  const Tensor w16 = w.to(DType::BFloat16), input16 = input.to(DType::BFloat16);
+  cpu::set_gemm_kernel_choice(cpu::GemmKernelChoice::Avx2);
+  std::unique_ptr<PreparedProgram> prepared = prepare(program_for(graph, DType::BFloat16), {{weight, w16}}, 2);
+  EXPECT_EQ(prepared->prepare_cost().packed_bytes, int64_t{2 * 24 * 16 * 2});  // two panels of 16 columns
+  const Tensor actual = prepared->run({{"x", input16}})[0].second;
+  prepared.reset();
+  cpu::set_gemm_kernel_choice(cpu::GemmKernelChoice::Best);
+  EXPECT_EQ(cpu::prepacked_weight_bytes(), 0);
+  const Tensor expected = ReferenceExecutor(graph, {{weight, w16}}).run({{"x", input16}})[0].second;
+  ASSERT_EQ(actual.shape(), expected.shape());
+  for (int64_t i = 0; i < expected.numel(); ++i)
+    ASSERT_NEAR(actual.element_as_double(i), expected.element_as_double(i),
+                1e-6 + std::abs(expected.element_as_double(i)) / 128)  // bf16 outputs, rounded apart
+        << i;
 }
 
 TEST(CpuBackend, ThreadCountsDoNotChangeResults) {

@@ -670,7 +670,8 @@ TEST(PackedMatrix, OffsetOfLocatesEveryElementAndTheRestIsZero) {
         }
 }
 
-// The same for a bf16 weight [n, k] prepacked as an interleaved B [k, n], packed alone and over a pool.
+// The same for a bf16 weight [n, k] prepacked as an interleaved B [k, n], packed alone, over a pool and into an
+// arena.
 TEST(PackedMatrix, InterleavedOffsetOfLocatesEveryElementAndTheRestIsZero) {
   for (GemmKernelChoice kernel : {GemmKernelChoice::Portable, GemmKernelChoice::Best}) {
     set_gemm_kernel_choice(kernel);
@@ -700,6 +701,16 @@ TEST(PackedMatrix, InterleavedOffsetOfLocatesEveryElementAndTheRestIsZero) {
           if (!used[i]) ASSERT_EQ(load_float(packed.panel(0), Elem::BF16, static_cast<int64_t>(i)), 0.0f) << i;
         ThreadPool pool(2);
         ASSERT_EQ(packed_bytes(PackedMatrix::pack_interleaved_bf16(bits, n, k, ld, &pool)), packed_bytes(packed));
+        auto arena = std::make_shared<ZeroedArena>();
+        PackedMatrix in_arena;
+        {
+          const PackingArenaScope scope(arena);
+          in_arena = PackedMatrix::pack_interleaved_bf16(bits, n, k, ld, &pool);
+        }
+        ASSERT_EQ(arena->used_bytes(), packed.bytes());
+        arena.reset();  // the matrix keeps the arena alive
+        ASSERT_TRUE(in_arena.interleaved());
+        ASSERT_EQ(packed_bytes(in_arena), packed_bytes(packed));
       }
   }
   set_gemm_kernel_choice(GemmKernelChoice::Best);

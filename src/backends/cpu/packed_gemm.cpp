@@ -998,19 +998,23 @@ PackedMatrix PackedMatrix::shaped(GemmSide side, Elem elem, int64_t rows, int64_
 
 PackedMatrix PackedMatrix::zeroed(GemmSide side, Elem elem, int64_t rows, int64_t cols) {
   PackedMatrix m = shaped(side, elem, rows, cols);
+  m.take_storage(Pages::Small);
+  return m;
+}
+
+void PackedMatrix::take_storage(Pages pages) {
   if (const std::shared_ptr<ZeroedArena>& arena = g_packing_arena) {
     const ZeroedArena::Allocation block =
-        arena->allocate(m.bytes_, "packed weights", block_tag(side, elem, rows, cols));
+        arena->allocate(bytes_, "packed weights", block_tag(side_, elem_, rows_, cols_));
     ++g_owner_blocks;
-    m.data_ = block.data;
-    m.prewritten_ = block.written;
-    m.owner_ = arena;
+    data_ = block.data;
+    prewritten_ = block.written;
+    owner_ = arena;
   } else {
-    auto buffer = std::make_shared<AlignedBuffer>(m.bytes_);
-    m.data_ = buffer->data();
-    m.owner_ = std::move(buffer);
+    auto buffer = std::make_shared<AlignedBuffer>(bytes_, pages);
+    data_ = buffer->data();
+    owner_ = std::move(buffer);
   }
-  return m;
 }
 
 PackingArenaScope::PackingArenaScope(std::shared_ptr<ZeroedArena> arena)
@@ -1177,11 +1181,10 @@ PackedMatrix PackedMatrix::pack_interleaved_bf16(const uint16_t* weight, int64_t
   require(ld >= k, "the row stride is smaller than a row");
   PackedMatrix m = shaped(GemmSide::B, Elem::BF16, k, n);
   m.interleaved_ = true;
-  // Not from a packing arena: each product streams these panels from memory, which huge pages suit (so do their
-  // first touches: 4 KiB ones took 5-7 s more for Qwen2.5-1.5B's 2.6 GB on a 2-vCPU KVM guest).
-  auto buffer = std::make_shared<AlignedBuffer>(m.bytes_, Pages::Huge);
-  m.data_ = buffer->data();
-  m.owner_ = std::move(buffer);
+  // Each product streams these panels from memory, which huge pages suit (a packing arena offers its chunks to
+  // them once written).
+  m.take_storage(Pages::Huge);
+  if (m.prewritten()) return m;
   prefault_storage({&m}, pool);
   const StridedOperand source{reinterpret_cast<const std::byte*>(weight), Elem::BF16, ld, true};
   const int64_t panels = ceil_div(n, NR);

@@ -50,7 +50,7 @@ class PackedMatrix {
   static PackedMatrix zeroed(GemmSide side, Elem elem, int64_t rows, int64_t cols);
   // A linear weight [n, k] of bf16 bits (row stride ld) as B [k, n] in the order the AVX2 tile widens without a
   // shuffle (see interleaved()): what a product packs from such a weight on every run, packed once. With a pool, its
-  // threads share the panels.
+  // threads share the panels; the storage comes from the packing arena as pack()'s does.
   static PackedMatrix pack_interleaved_bf16(const uint16_t* weight, int64_t n, int64_t k, int64_t ld,
                                             ThreadPool* pool = nullptr);
 
@@ -82,6 +82,9 @@ class PackedMatrix {
  private:
   // The layout of a packed [rows, cols] operand, with no storage yet.
   static PackedMatrix shaped(GemmSide side, Elem elem, int64_t rows, int64_t cols);
+  // Zeroed storage for the layout: a block of the thread's packing arena (see PackingArenaScope), else a buffer of
+  // its own on `pages`.
+  void take_storage(Pages pages);
 
   GemmSide side_ = GemmSide::A;
   Elem elem_ = Elem::F32;
