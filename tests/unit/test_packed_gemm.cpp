@@ -10,7 +10,9 @@
 #include <memory>
 #include <random>
 
+#include "backends/cpu/gemv.h"
 #include "backends/cpu/packed_gemm.h"
+#include "core/cpu_features.h"
 #include "npusim/error.h"
 #include "unit/patch_matrix.h"
 #include "unit/random_values.h"
@@ -452,6 +454,77 @@ std::vector<GemmKernelChoice> supported_kernels() {
                              GemmKernelChoice::Avx512, GemmKernelChoice::Amx})
     if (gemm_kernel_supported(k)) kernels.push_back(k);
   return kernels;
+}
+
+// An int8 weight as B, widened while it is packed, gives what the same product gives over the weight's rows
+// widened first by dequantize_row (to bf16 where a bf16 A meets AVX-512 BF16 pairs, else to fp32), element for
+// element; and both stay within fp32 rounding of the exact sums. Shapes cover partial panels, depths that are not
+// whole runs of eight, several scale groups per row, several column blocks, and A prepacked with B packed once for
+// every worker.
+TEST_P(PackedGemmTest, Int8WeightWidenedWhilePacked) {
+  struct Shape {
+    int64_t m, n, k, group;
+    bool a_prepacked = false;
+  };
+  const GemmKernelChoice active = gemm_active_kernel();
+  const bool bf16_pairs = (active == GemmKernelChoice::Avx512 || active == GemmKernelChoice::Amx) &&
+                          cpu_features().avx512() && cpu_features().avx512bf16;
+  for (const Shape& c :
+       {Shape{8, 16, 8, 8}, Shape{13, 31, 40, 8}, Shape{9, 1, 7, 7}, Shape{100, 257, 64, 16}, Shape{8, 17, 257, 257},
+        Shape{21, 64, 96, 32}, Shape{8, 700, 520, 520}, Shape{256, 196, 1024, 64, true}})
+    for (Elem a_elem : {Elem::F32, Elem::BF16})
+      for (int threads : {1, 2}) {
+        if (c.a_prepacked && a_elem != Elem::F32) continue;
+        SCOPED_TRACE(::testing::Message()
+                     << c.m << "x" << c.n << "x" << c.k << " group " << c.group << " a " << static_cast<int>(a_elem)
+                     << (c.a_prepacked ? " prepacked" : "") << " threads " << threads);
+        std::vector<float> a = test::random_floats(c.m * c.k, 7);
+        for (float& x : a) x = round_to(a_elem, x);
+        const std::vector<std::byte> a_bytes = store(a, c.m, c.k, a_elem, c.k, false);
+        const std::vector<float> w = test::random_floats(c.n * c.k, 8);
+        const QuantizedWeight q = quantize_int8(reinterpret_cast<const std::byte*>(w.data()), Elem::F32, c.n, c.k,
+                                                c.group == c.k ? 0 : c.group);
+        const Elem widened = a_elem == Elem::BF16 && bf16_pairs ? Elem::BF16 : Elem::F32;
+        std::vector<std::byte> rows(static_cast<size_t>(c.n * c.k) * elem_size(widened));
+        for (int64_t j = 0; j < c.n; ++j)
+          q.dequantize_row(j, widened, rows.data() + static_cast<size_t>(j * c.k) * elem_size(widened));
+
+        ThreadPool pool(threads);
+        ScratchSpace scratch;
+        PackedGemm gemm({.m = c.m, .n = c.n, .k = c.k, .a_prepacked = c.a_prepacked}, scratch);
+        scratch.allocate(pool.size());
+        if (c.a_prepacked && threads == 2) EXPECT_TRUE(gemm.packs_b_once(threads));
+        PackedMatrix a_packed;
+        GemmOperand a_operand = StridedOperand{a_bytes.data(), a_elem, c.k};
+        if (c.a_prepacked) {
+          a_packed = PackedMatrix::pack(GemmSide::A, a_bytes.data(), a_elem, c.m, c.k);
+          a_operand = &a_packed;
+        }
+        const auto product = [&](const GemmOperand& b) {
+          std::vector<float> out(static_cast<size_t>(c.m * c.n), kNaN);
+          gemm.run(a_operand, b, {reinterpret_cast<std::byte*>(out.data()), Elem::F32, c.n}, {}, pool, scratch);
+          return out;
+        };
+        const std::vector<float> expected =
+            product(StridedOperand{.data = rows.data(), .elem = widened, .ld = c.k, .transposed = true});
+        const std::vector<float> actual =
+            product(Int8WeightOperand{.values = reinterpret_cast<const int8_t*>(q.values.data()),
+                                      .scales = reinterpret_cast<const float*>(q.scales.data()),
+                                      .group = q.group});
+        for (int64_t i = 0; i < c.m; ++i)
+          for (int64_t j = 0; j < c.n; ++j) {
+            const size_t at = static_cast<size_t>(i * c.n + j);
+            ASSERT_EQ(actual[at], expected[at]) << "at " << i << "," << j;
+            double exact = 0.0, magnitude = 0.0;
+            for (int64_t p = 0; p < c.k; ++p) {
+              const double term = static_cast<double>(a[static_cast<size_t>(i * c.k + p)]) *
+                                  load_float(rows.data(), widened, j * c.k + p);
+              exact += term;
+              magnitude += std::fabs(term);
+            }
+            ASSERT_NEAR(actual[at], exact, 1e-6 * magnitude + 1e-30) << "at " << i << "," << j;
+          }
+      }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, PackedGemmTest, ::testing::ValuesIn(supported_kernels()), [](const auto& info) {

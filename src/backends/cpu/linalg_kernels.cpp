@@ -31,8 +31,9 @@ bool float_node(const KernelContext& ctx) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // linear: out[M, N] = x[M, K] · W[N, K]^T + b. A few rows (decoding) go to the GEMV, which streams the weight in its
-// storage form; more rows go to the packed GEMM, which packs weight panels during the product. An int8 weight, or a
-// compact bf16 one, is made once when the kernel is built and shared by every program that binds the same weight.
+// storage form; more rows go to the packed GEMM, which packs weight panels during the product (an int8 weight is
+// widened as it is packed). An int8 weight, or a compact bf16 one, is made once when the kernel is built and shared
+// by every program that binds the same weight.
 
 struct LinearShape {
   int64_t m = 0, n = 0, k = 0;
@@ -170,78 +171,27 @@ int64_t bias_scratch_floats(const LinearShape& s) {
   return s.bias && (s.bias->elem != Elem::F32 || s.bias->numel() == 1) ? (s.n + 15) / 16 * 16 : 0;
 }
 
-// With `packed`, the weight comes prepacked (shared_interleaved); else the product packs it.
-Kernel gemm_linear(const KernelContext& ctx, const LinearShape& s, std::shared_ptr<const PackedMatrix> packed) {
+// The weight as the GEMM's B: prepacked (`packed`, from shared_interleaved), in int8 (`quantized`, widened while it
+// is packed during the product), or as it is stored, packed during the product.
+Kernel gemm_linear(const KernelContext& ctx, const LinearShape& s, std::shared_ptr<const PackedMatrix> packed,
+                   std::shared_ptr<const QuantizedWeight> quantized) {
   ctx.scratch.reserve_shared(floats_bytes(bias_scratch_floats(s)));
   auto gemm = std::make_shared<const PackedGemm>(
       GemmSpec{.m = s.m, .n = s.n, .k = s.k, .b_prepacked = packed != nullptr}, ctx.scratch);
+  GemmOperand weight = StridedOperand{.data = s.weight.data, .elem = s.weight.elem, .ld = s.k, .transposed = true};
+  if (packed) weight = packed.get();
+  if (quantized)
+    weight = Int8WeightOperand{.values = reinterpret_cast<const int8_t*>(quantized->values.data()),
+                               .scales = reinterpret_cast<const float*>(quantized->scales.data()),
+                               .group = quantized->group};
   Kernel kernel;
-  kernel.run = [gemm, s, packed = std::move(packed), pool = &ctx.pool, scratch = &ctx.scratch] {
+  kernel.run = [gemm, s, weight, owners = std::make_pair(std::move(packed), std::move(quantized)), pool = &ctx.pool,
+                scratch = &ctx.scratch] {
     GemmEpilogue epilogue;
     epilogue.bias = bias_floats(s.bias, s.n, scratch->shared_as<float>());
     epilogue.bias_per_column = true;
-    const GemmOperand weight =
-        packed
-            ? GemmOperand(packed.get())
-            : GemmOperand(StridedOperand{.data = s.weight.data, .elem = s.weight.elem, .ld = s.k, .transposed = true});
     gemm->run(StridedOperand{s.x.data, s.x.elem, s.k}, weight, GemmOutput{s.out.data, s.out.elem, s.n}, epilogue, *pool,
               *scratch);
-  };
-  return kernel;
-}
-
-// Many rows against an int8 weight: blocks of weight rows are widened (split over the pool) and multiplied by the
-// packed GEMM, so that the whole weight never exists widened. Against bf16 activations on a CPU with bf16 dot
-// products the rows widen to bf16 (the GEMM then multiplies bf16 pairs, twice the fp32 rate; an int8 value times its
-// scale rounded to bf16 is within 2^-9 of it), else to fp32.
-struct QuantizedGemm {
-  LinearShape s;
-  std::shared_ptr<const QuantizedWeight> weight;
-  Elem widened_elem = Elem::F32;
-  int64_t block = 0;        // weight rows per block
-  PackedGemm full, last;    // a whole block, and the last (shorter) one
-  int64_t bias_floats = 0;  // shared scratch: the fp32 bias, then the widened block
-};
-
-void run_quantized_gemm(const QuantizedGemm& g, ThreadPool& pool, const ScratchSpace& scratch) {
-  const LinearShape& s = g.s;
-  float* bias = scratch.shared_as<float>();
-  auto* widened = reinterpret_cast<std::byte*>(bias + g.bias_floats);
-  const size_t row_bytes = static_cast<size_t>(s.k) * elem_size(g.widened_elem);
-  const float* all_bias = bias_floats(s.bias, s.n, bias);
-  for (int64_t first = 0; first < s.n; first += g.block) {
-    const int64_t rows = std::min(g.block, s.n - first);
-    pool.parallel_for(rows, 16, [&](int64_t begin, int64_t end, int) {
-      for (int64_t j = begin; j < end; ++j)
-        g.weight->dequantize_row(first + j, g.widened_elem, widened + j * row_bytes);
-    });
-    GemmEpilogue epilogue;
-    epilogue.bias = all_bias ? all_bias + first : nullptr;
-    epilogue.bias_per_column = true;
-    const PackedGemm& gemm = rows == g.block ? g.full : g.last;
-    gemm.run(StridedOperand{s.x.data, s.x.elem, s.k},
-             StridedOperand{.data = widened, .elem = g.widened_elem, .ld = s.k, .transposed = true},
-             GemmOutput{s.out.data + static_cast<size_t>(first) * elem_size(s.out.elem), s.out.elem, s.n}, epilogue,
-             pool, scratch);
-  }
-}
-
-Kernel quantized_gemm_linear(const KernelContext& ctx, const LinearShape& s,
-                             std::shared_ptr<const QuantizedWeight> weight) {
-  constexpr int64_t kBlockFloats = int64_t{1} << 20;  // 4 MiB of widened fp32 weights per block
-  auto g = std::make_shared<QuantizedGemm>();
-  g->s = s;
-  g->weight = std::move(weight);
-  const CpuFeatures& cpu = cpu_features();
-  g->widened_elem = s.x.elem == Elem::BF16 && cpu.avx512() && cpu.avx512bf16 ? Elem::BF16 : Elem::F32;
-  g->block = std::min(s.n, std::max<int64_t>(16, kBlockFloats / std::max<int64_t>(s.k, 1) / 16 * 16));
-  g->full = PackedGemm(GemmSpec{.m = s.m, .n = g->block, .k = s.k}, ctx.scratch);
-  g->last = PackedGemm(GemmSpec{.m = s.m, .n = s.n % g->block == 0 ? g->block : s.n % g->block, .k = s.k}, ctx.scratch);
-  g->bias_floats = bias_scratch_floats(s);
-  ctx.scratch.reserve_shared(floats_bytes(g->bias_floats + g->block * s.k));
-  Kernel kernel;
-  kernel.run = [g = std::shared_ptr<const QuantizedGemm>(g), pool = &ctx.pool, scratch = &ctx.scratch] {
-    run_quantized_gemm(*g, *pool, *scratch);
   };
   return kernel;
 }
@@ -288,8 +238,8 @@ std::optional<Kernel> linear(const KernelContext& ctx) {
   }
   WeightForm form = weight_form(ctx, s);
   if (s.m <= kGemvMaxRows) return gemv_linear(ctx, s, std::move(form));
-  if (form.quantized) return quantized_gemm_linear(ctx, s, std::move(form.quantized));
-  return gemm_linear(ctx, s, constant_weight(ctx) ? shared_interleaved(s, ctx.pool) : nullptr);
+  if (form.quantized) return gemm_linear(ctx, s, nullptr, std::move(form.quantized));
+  return gemm_linear(ctx, s, constant_weight(ctx) ? shared_interleaved(s, ctx.pool) : nullptr, nullptr);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

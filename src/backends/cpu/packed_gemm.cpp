@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "core/cpu_features.h"
+#include "npusim/dtype.h"
 #include "npusim/error.h"
 
 namespace npusim::cpu {
@@ -582,6 +583,68 @@ void pack_b_interleaved(const StridedOperand& b, int64_t k, int64_t col0, int64_
   }
 }
 
+// Line j of an int8 weight operand (column j of B, row j of the weight), and its scales.
+const int8_t* int8_line(const Int8WeightOperand& b, int64_t k, int64_t j) { return b.values + j * k; }
+const float* int8_line_scales(const Int8WeightOperand& b, int64_t k, int64_t j) {
+  return b.scales + j * ceil_div(k, b.group);
+}
+
+// Whether every run of eight depth values from a multiple of eight shares one scale.
+bool int8_runs_share_scales(const Int8WeightOperand& b, int64_t k) { return b.group >= k || b.group % 8 == 0; }
+
+#ifdef NPUSIM_GEMM_X86
+// Whole panels of an int8 weight's lines from `line0`, 8 steps at a time: 8 lines' values widened and scaled, then
+// transposed in registers as pack_lines_avx2 does. Returns the steps packed: the caller packs the rest.
+NPUSIM_PACK_AVX2 int64_t pack_int8_avx2(const Int8WeightOperand& b, int64_t k, int64_t line0, int64_t panels,
+                                        float* dst) {
+  if (!int8_runs_share_scales(b, k)) return 0;
+  const int64_t whole = k / 8 * 8;
+  for (int64_t panel = 0; panel < panels; ++panel)
+    for (int64_t group = 0; group < NR; group += 8) {
+      const int8_t* lines[8];
+      const float* scales[8];
+      for (int i = 0; i < 8; ++i) {
+        lines[i] = int8_line(b, k, line0 + panel * NR + group + i);
+        scales[i] = int8_line_scales(b, k, line0 + panel * NR + group + i);
+      }
+      float* out = dst + panel * k * NR + group;
+      for (int64_t p = 0; p < whole; p += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) {
+          const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(lines[i] + p));
+          r[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)),
+                               _mm256_broadcast_ss(scales[i] + p / b.group));
+        }
+        transpose8(r);
+        for (int q = 0; q < 8; ++q) _mm256_storeu_ps(out + (p + q) * NR, r[q]);
+      }
+    }
+  return whole;
+}
+#endif
+
+// Columns [col0, col0 + cols) of an int8 weight operand over its whole depth k into fp32 panels of NR columns (k * NR
+// floats each, zero past the last column).
+void pack_b_int8(const Int8WeightOperand& b, int64_t k, int64_t col0, int64_t cols, float* dst,
+                 [[maybe_unused]] bool avx2) {
+  const int64_t whole_panels = cols / NR;
+  int64_t done = 0;  // steps of the whole panels packed already
+#ifdef NPUSIM_GEMM_X86
+  if (avx2) done = pack_int8_avx2(b, k, col0, whole_panels, dst);
+#endif
+  for (int64_t panel = 0; panel * NR < cols; ++panel) {
+    float* out = dst + panel * k * NR;
+    for (int64_t c = 0; c < NR; ++c) {
+      const int64_t j = col0 + panel * NR + c;
+      const bool live = panel * NR + c < cols;
+      const int8_t* line = live ? int8_line(b, k, j) : nullptr;
+      const float* scales = live ? int8_line_scales(b, k, j) : nullptr;
+      for (int64_t p = panel < whole_panels ? done : 0; p < k; ++p)
+        out[p * NR + c] = live ? static_cast<float>(line[p]) * scales[p / b.group] : 0.0f;
+    }
+  }
+}
+
 #ifdef NPUSIM_GEMM_X86
 // One panel (columns [pixel0, pixel0 + width), width <= NR) of a convolution's patch matrix with hardware gathers:
 // each lane's offset into a channel plane and whether it reads inside the input are worked out once per kernel tap
@@ -833,6 +896,13 @@ void pack_b_im2col(const Im2colOperand& s, int64_t k, int64_t col0, int64_t cols
       }
     }
   }
+}
+
+// Columns [col0, col0 + cols) of a B packed during the product into fp32 panels, whichever kind of operand it is.
+void pack_b_widened(const GemmOperand& b, int64_t k, int64_t col0, int64_t cols, float* dst, bool avx2, bool avx512) {
+  if (const auto* strided = std::get_if<StridedOperand>(&b)) return pack_b_strided(*strided, k, col0, cols, dst, avx2);
+  if (const auto* int8 = std::get_if<Int8WeightOperand>(&b)) return pack_b_int8(*int8, k, col0, cols, dst, avx2);
+  pack_b_im2col(std::get<Im2colOperand>(b), k, col0, cols, dst, avx2, avx512);
 }
 
 // ---- epilogue ----
@@ -1311,6 +1381,12 @@ void check_operand(const GemmOperand& operand, GemmSide side, bool prepacked, in
     require(s->ld >= (s->transposed ? rows : cols) && s->ld >= 0, "a strided operand's row stride is too small");
     return;
   }
+  if (const Int8WeightOperand* s = std::get_if<Int8WeightOperand>(&operand)) {
+    require(side == GemmSide::B, "only B can be an int8 weight operand");
+    require(s->group > 0, "an int8 weight operand needs a positive scale group");
+    require(rows * cols == 0 || (s->values && s->scales), "an int8 weight operand has no values or no scales");
+    return;
+  }
   if (const Im2colOperand* s = std::get_if<Im2colOperand>(&operand)) {
     require(side == GemmSide::B, "only B can be an im2col operand");
     require(s->channels * s->kernel_h * s->kernel_w == rows && s->out_h * s->out_w == cols,
@@ -1323,10 +1399,36 @@ void check_operand(const GemmOperand& operand, GemmSide side, bool prepacked, in
 
 // ---- bf16 depth pairs (AVX-512 BF16 products of two bf16 operands) ----
 
-// Columns [col0, col0 + cols) of a transposed bf16 B (a linear weight [n, k]) over its whole depth into panels of
-// NR columns of depth pairs: word (p, j) holds column j's values at depths 2p and 2p + 1.
-void pack_b_pairs(const StridedOperand& b, int64_t k, int64_t col0, int64_t cols, uint32_t* dst) {
-  pack_lines<PairSteps>(b.data + static_cast<size_t>(col0 * b.ld) * 2, static_cast<size_t>(b.ld) * 2, cols, NR, k, dst,
+#ifdef NPUSIM_GEMM_X86
+// The same from an int8 weight, each value times its scale rounded to bf16 as dequantize_row rounds it.
+void pack_b_int8_pairs(const Int8WeightOperand& b, int64_t k, int64_t col0, int64_t cols, uint32_t* dst) {
+  const int64_t k_pairs = (k + 1) / 2, whole_panels = cols / NR;
+  const int64_t done =
+      int8_runs_share_scales(b, k) ? gemm_detail::pack_int8_pairs_avx512(b, k, col0, whole_panels, dst) : 0;
+  for (int64_t panel = 0; panel * NR < cols; ++panel) {
+    uint32_t* out = dst + panel * k_pairs * NR;
+    for (int64_t c = 0; c < NR; ++c) {
+      const bool live = panel * NR + c < cols;
+      const int8_t* line = live ? int8_line(b, k, col0 + panel * NR + c) : nullptr;
+      const float* scales = live ? int8_line_scales(b, k, col0 + panel * NR + c) : nullptr;
+      const auto value = [&](int64_t p) -> uint32_t {
+        return live && p < k ? float_to_bf16(static_cast<float>(line[p]) * scales[p / b.group]) : 0u;
+      };
+      for (int64_t q = panel < whole_panels ? done : 0; q < k_pairs; ++q)
+        out[q * NR + c] = value(2 * q) | value(2 * q + 1) << 16;
+    }
+  }
+}
+#endif
+
+// Columns [col0, col0 + cols) of a transposed bf16 B (a linear weight [n, k]) or an int8 weight over its whole depth
+// into panels of NR columns of depth pairs: word (p, j) holds column j's values at depths 2p and 2p + 1.
+void pack_b_pairs(const GemmOperand& b, int64_t k, int64_t col0, int64_t cols, uint32_t* dst) {
+#ifdef NPUSIM_GEMM_X86
+  if (const auto* int8 = std::get_if<Int8WeightOperand>(&b)) return pack_b_int8_pairs(*int8, k, col0, cols, dst);
+#endif
+  const auto& s = std::get<StridedOperand>(b);
+  pack_lines<PairSteps>(s.data + static_cast<size_t>(col0 * s.ld) * 2, static_cast<size_t>(s.ld) * 2, cols, NR, k, dst,
                         true);
 }
 
@@ -1337,11 +1439,13 @@ void pack_a_pairs(const StridedOperand& a, int64_t row0, int64_t rows, int64_t p
 }
 
 // Whether a product can run on bf16 pairs: both operands bf16 (every product exact in fp32, so only the order of
-// the additions differs from widening both), A row-major and B a transposed weight, both packed during the product.
+// the additions differs from widening both), A row-major and B a transposed weight, both packed during the product;
+// or a bf16 A against an int8 weight, whose values widen to bf16 (as the GEMV's do on these CPUs).
 bool bf16_pair_operands(const Operands& ops) {
   const auto* a = std::get_if<StridedOperand>(&ops.a);
   const auto* b = std::get_if<StridedOperand>(&ops.b);
-  return a && b && a->elem == Elem::BF16 && !a->transposed && b->elem == Elem::BF16 && b->transposed;
+  const bool bf16_b = (b && b->elem == Elem::BF16 && b->transposed) || std::holds_alternative<Int8WeightOperand>(ops.b);
+  return a && a->elem == Elem::BF16 && !a->transposed && bf16_b;
 }
 
 #ifdef NPUSIM_GEMM_X86
@@ -1363,7 +1467,6 @@ bool amx_fits(int64_t k, int64_t kc, int64_t mc) {
 void run_region_amx(const Region& region, const Operands& ops, int64_t k, int64_t kc, int64_t mc, int64_t nc,
                     const WorkerBuffers& buffers) {
   const auto& a = std::get<StridedOperand>(ops.a);
-  const auto& b = std::get<StridedOperand>(ops.b);
   const int64_t k_pairs = (k + 1) / 2, panel_pairs = round_up(k_pairs, kAmxRows);
   auto* a_values = reinterpret_cast<uint16_t*>(buffers.a_block);
   auto* b_words = reinterpret_cast<uint32_t*>(buffers.b_block);
@@ -1372,7 +1475,7 @@ void run_region_amx(const Region& region, const Operands& ops, int64_t k, int64_
     const int64_t cols = std::min(nc, region.col1 - jc);
     for (int64_t jr = 0; jr < cols; jr += NR) {
       uint32_t* panel = b_words + jr / NR * panel_pairs * NR;
-      pack_b_pairs(b, k, jc + jr, std::min(NR, cols - jr), panel);
+      pack_b_pairs(ops.b, k, jc + jr, std::min(NR, cols - jr), panel);
       std::fill(panel + k_pairs * NR, panel + panel_pairs * NR, 0u);
     }
     for (int64_t ic = region.row0; ic < region.row1; ic += mc) {
@@ -1545,7 +1648,7 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
     const int64_t cols = std::min(nc, region.col1 - jc);
 #ifdef NPUSIM_GEMM_X86
     if (pairs) {
-      pack_b_pairs(std::get<StridedOperand>(ops.b), k, jc, cols, b_words);
+      pack_b_pairs(ops.b, k, jc, cols, b_words);
       for (int64_t ic = region.row0; ic < region.row1; ic += mc) {
         const int64_t rows = std::min(mc, region.row1 - ic);
         if (k == 0)
@@ -1578,10 +1681,8 @@ void run_region(const Region& region, const Operands& ops, const GemmSpec& spec,
     if (!packed_b && !shared_b && in_place_cols < cols) {
       if (interleaved_b)
         pack_b_interleaved(*strided_b, k, jc, cols, reinterpret_cast<uint16_t*>(buffers.b_block), avx2);
-      else if (strided_b)
-        pack_b_strided(*strided_b, k, jc + in_place_cols, cols - in_place_cols, buffers.b_block, avx2);
       else
-        pack_b_im2col(std::get<Im2colOperand>(ops.b), k, jc, cols, buffers.b_block, avx2, avx512);
+        pack_b_widened(ops.b, k, jc + in_place_cols, cols - in_place_cols, buffers.b_block, avx2, avx512);
     }
     for (int64_t ic = region.row0; ic < region.row1; ic += mc) {
       const int64_t rows = std::min(mc, region.row1 - ic);
@@ -1746,10 +1847,7 @@ void PackedGemm::run(const GemmOperand& a, const GemmOperand& b, const GemmOutpu
     pool.parallel_for(col_panels, 1, [&](int64_t first, int64_t last, int) {
       const int64_t col0 = first * NR, cols = std::min(s.n, last * NR) - col0;
       float* dst = shared_b + first * s.k * NR;
-      if (const auto* strided = std::get_if<StridedOperand>(&b))
-        pack_b_strided(*strided, s.k, col0, cols, dst, avx2);
-      else
-        pack_b_im2col(std::get<Im2colOperand>(b), s.k, col0, cols, dst, avx2, avx512);
+      pack_b_widened(b, s.k, col0, cols, dst, avx2, avx512);
     });
   }
   const int pieces = static_cast<int>(grid.rows * grid.cols);

@@ -4,11 +4,11 @@
 // Either operand may be a weight packed once at prepare time (PackedMatrix: panels kept in fp32, fp16 or bf16 and
 // converted to fp32 inside the kernel, so half-precision weights never exist in fp32 whole); the other one is packed
 // during the product from a strided matrix (fp32/fp16/bf16) or, for B, straight from a convolution's input
-// (Im2colOperand: no im2col matrix is ever materialized). The product runs on the backend's ThreadPool with packing
-// buffers that PackedGemm reserves per worker in the ScratchSpace when it is planned, so a run allocates nothing.
-// Micro-kernel (chosen at run time by CPU features): 6x32 / 6x16 / 12x32 / 12x16 AVX-512 over one or two A and B
-// panels, 6x16 AVX2+FMA, or portable C++ (fp32 panels take the AVX2 tile on AMD's AVX-512 CPUs, where it measured
-// faster, but for a row-major B the AVX-512 tiles read in place).
+// (Im2colOperand: no im2col matrix is ever materialized) or from an int8 weight and its scales (Int8WeightOperand). The
+// product runs on the backend's ThreadPool with packing buffers that PackedGemm reserves per worker in the ScratchSpace
+// when it is planned, so a run allocates nothing. Micro-kernel (chosen at run time by CPU features): 6x32 / 6x16 /
+// 12x32 / 12x16 AVX-512 over one or two A and B panels, 6x16 AVX2+FMA, or portable C++ (fp32 panels take the AVX2 tile
+// on AMD's AVX-512 CPUs, where it measured faster, but for a row-major B the AVX-512 tiles read in place).
 //
 // Typical use, at prepare time:   PackedMatrix w = PackedMatrix::pack(GemmSide::B, weight, elem, k, n, k, true);
 //                                 PackedGemm gemm({.m = m, .n = n, .k = k, .b_prepacked = true}, ctx.scratch);
@@ -156,9 +156,20 @@ int64_t im2col_phase_floats(const Im2colOperand& s);
 // row are consecutive. Only the phases some tap reads are written. Over the pool's threads when one is given.
 void split_im2col_phases(const Im2colOperand& s, float* phases, ThreadPool* pool);
 
+// A linear weight [n, k] in symmetric int8 (QuantizedWeight's layout) as B [k, n], column j of B being row j of the
+// weight: element (p, j) is values[j * k + p] * scales[j * groups + p / group], groups = ceil(k / group). It is
+// widened while it is packed during the product, as QuantizedWeight::dequantize_row widens it: to fp32, or to bf16
+// depth pairs (each value times its scale rounded to nearest even) where the product multiplies bf16 pairs (a bf16
+// A on a CPU with AVX-512 BF16). No widened copy of the weight is ever made.
+struct Int8WeightOperand {
+  const int8_t* values = nullptr;
+  const float* scales = nullptr;
+  int64_t group = 0;  // depth values per scale: k for one scale per weight row
+};
+
 // One side of a product: a prepacked weight (owned by the caller, alive while the product runs), a strided matrix,
-// or (B only) a convolution input.
-using GemmOperand = std::variant<const PackedMatrix*, StridedOperand, Im2colOperand>;
+// or (B only) a convolution input or an int8 weight.
+using GemmOperand = std::variant<const PackedMatrix*, StridedOperand, Im2colOperand, Int8WeightOperand>;
 
 enum class GemmActivation : uint8_t { None, Relu, Clamp };
 

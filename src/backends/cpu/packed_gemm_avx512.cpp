@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cpu/avx2_transpose.h"
 #include "backends/cpu/packed_gemm_kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -317,6 +318,38 @@ RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair, bool streamed_a) {
 }
 
 Bf16PairKernel avx512_bf16_pair_kernel(bool pair) { return pair ? micro_bf16_pairs<2> : micro_bf16_pairs<1>; }
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2"))) int64_t pack_int8_pairs_avx512(
+    const Int8WeightOperand& b, int64_t k, int64_t line0, int64_t panels, uint32_t* dst) {
+  constexpr int64_t kValues = 16;  // depth values per block: eight pairs
+  const int64_t whole = k / kValues * kValues, k_pairs = (k + 1) / 2, groups = (k + b.group - 1) / b.group;
+  for (int64_t panel = 0; panel < panels; ++panel)
+    for (int64_t half = 0; half < NR; half += 8) {
+      const int8_t* lines[8];
+      const float* scales[8];
+      for (int i = 0; i < 8; ++i) {
+        const int64_t line = line0 + panel * NR + half + i;
+        lines[i] = b.values + line * k;
+        scales[i] = b.scales + line * groups;
+      }
+      uint32_t* out = dst + panel * k_pairs * NR + half;
+      for (int64_t p = 0; p < whole; p += kValues) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) {
+          // The scales of the block's two runs of eight (one group, or two: groups are whole runs of eight).
+          const __m512 scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(scales[i][p / b.group]),
+                                                    _mm512_set1_ps(scales[i][(p + 8) / b.group]));
+          const __m512 wide =
+              _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lines[i] + p))));
+          const __m256bh narrow = _mm512_cvtneps_pbh(_mm512_mul_ps(wide, scale));
+          r[i] = reinterpret_cast<const __m256&>(narrow);
+        }
+        transpose8(r);
+        for (int q = 0; q < 8; ++q) _mm256_storeu_ps(reinterpret_cast<float*>(out + (p / 2 + q) * NR), r[q]);
+      }
+    }
+  return whole / 2;
+}
 
 }  // namespace npusim::cpu::gemm_detail
 

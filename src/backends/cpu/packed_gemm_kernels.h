@@ -25,6 +25,10 @@ RowsKernel avx512_rows12_kernel(Elem b_elem, bool pair, bool streamed_a);  // th
 using Bf16PairKernel = void (*)(int64_t pairs, const uint32_t* a, const uint32_t* b0, const uint32_t* b1, float* c,
                                 int64_t ldc, bool accumulate);
 Bf16PairKernel avx512_bf16_pair_kernel(bool pair);
+// Whole panels of an int8 weight's lines from line0 as bf16 depth pairs (see pack_b_pairs; each value times its scale
+// rounded to nearest even), 16 depth values at a time; returns the pairs packed: the caller packs the rest. Needs
+// AVX-512 BF16, and the weight's scale groups in whole runs of eight (or one group per line).
+int64_t pack_int8_pairs_avx512(const Int8WeightOperand& b, int64_t k, int64_t line0, int64_t panels, uint32_t* dst);
 // One panel of a convolution's patch matrix with AVX-512 permutes; false, writing nothing, where it cannot.
 bool pack_im2col_panel_permuted(const Im2colOperand& s, int64_t k, int64_t pixel0, int64_t width, float* panel);
 // packed_gemm_amx.cpp: this thread's tile registers set up for amx_bf16_tiles, and given back.
