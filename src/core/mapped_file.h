@@ -22,6 +22,12 @@ class MappedFile {
   // would copy every page), else a byte read from each page (a fault maps its neighbours in too).
   void map_in() const;
 
+  // Gives back this process's copy of the whole pages of [data, data + bytes) where they lie in a read-only
+  // MappedFile that is still mapped: their contents come back from the file at the next read. For a weight whose
+  // readers all read a form made from it; anywhere else (memory of any other kind, a copy-on-write mapping) it does
+  // nothing. Returns the bytes given back.
+  static size_t release_pages(const void* data, size_t bytes);
+
  private:
   std::byte* data_ = nullptr;
   size_t size_ = 0;

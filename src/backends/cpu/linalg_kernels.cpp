@@ -12,6 +12,7 @@
 #include "backends/cpu/packed_gemm.h"
 #include "backends/cpu/strided_loop.h"
 #include "core/cpu_features.h"
+#include "core/mapped_file.h"
 #include "ops/gemm.h"
 #include "ops/op_util.h"
 
@@ -73,17 +74,27 @@ std::shared_ptr<const Form> shared_form(const FormKey& key, const Make& make) {
   return made;
 }
 
+// A form made from a weight replaces it for the kernel that asked for it: where a mapped file holds the weight, its
+// pages are given back (a model's weights would otherwise stay resident twice), and come back only where another
+// kernel reads the weight itself.
+template <class Form>
+std::shared_ptr<const Form> replacing_storage(const LinearShape& s, std::shared_ptr<const Form> form) {
+  if (form) MappedFile::release_pages(s.weight.data, static_cast<size_t>(s.n * s.k) * elem_size(s.weight.elem));
+  return form;
+}
+
 std::shared_ptr<const QuantizedWeight> shared_quantized(const LinearShape& s, int64_t group, ThreadPool& pool) {
   return shared_form<QuantizedWeight>(FormKey{s.weight.data, s.weight.elem, s.n, s.k, group}, [&] {
-    return std::make_shared<const QuantizedWeight>(quantize_int8(s.weight.data, s.weight.elem, s.n, s.k, group, &pool));
+    return replacing_storage(s, std::make_shared<const QuantizedWeight>(
+                                    quantize_int8(s.weight.data, s.weight.elem, s.n, s.k, group, &pool)));
   });
 }
 
 // Null when the weight has too many values outside its rows' windows (it is then read as it is).
 std::shared_ptr<const CompactBf16Weight> shared_compact(const LinearShape& s, ThreadPool& pool) {
   return shared_form<CompactBf16Weight>(FormKey{s.weight.data, s.weight.elem, s.n, s.k, 0}, [&] {
-    return compact_bf16(reinterpret_cast<const uint16_t*>(s.weight.data), s.n, s.k, &pool, kCompactEscapeShare,
-                        compact_interleave(s.k));
+    return replacing_storage(s, compact_bf16(reinterpret_cast<const uint16_t*>(s.weight.data), s.n, s.k, &pool,
+                                             kCompactEscapeShare, compact_interleave(s.k)));
   });
 }
 
@@ -106,10 +117,11 @@ std::shared_ptr<const PackedMatrix> shared_interleaved(const LinearShape& s, Thr
     }
     PackedMatrix packed =
         PackedMatrix::pack_interleaved_bf16(reinterpret_cast<const uint16_t*>(s.weight.data), s.n, s.k, s.k, &pool);
-    return std::shared_ptr<const PackedMatrix>(new PackedMatrix(std::move(packed)), [bytes](const PackedMatrix* m) {
-      g_prepacked_bytes.fetch_sub(bytes);
-      delete m;
-    });
+    return replacing_storage(
+        s, std::shared_ptr<const PackedMatrix>(new PackedMatrix(std::move(packed)), [bytes](const PackedMatrix* m) {
+          g_prepacked_bytes.fetch_sub(bytes);
+          delete m;
+        }));
   });
 }
 
