@@ -6,6 +6,7 @@
 #include <map>
 
 #include "compiler/compile.h"
+#include "core/mapped_file.h"
 #include "ir/torch_ir_reader.h"
 #include "llm/native_builder.h"
 #include "runtime/backend.h"
@@ -45,7 +46,8 @@ DType default_dtype(const ModelDir& model) {
 // Binds weights for several programs of one session so that they share memory: a tensor that must be converted
 // to the storage dtype is converted once. Mapped tensors already in that dtype are used as they are, or copied
 // once into memory of the process when `resident` (the CPU backend: decoding reads every weight per token, and
-// reads them faster from there than through the file mapping).
+// reads them faster from there than through the file mapping). A mapped tensor copied or converted gives its pages
+// back.
 class SharedWeights {
  public:
   SharedWeights(const WeightStore& store, DType storage, bool resident)
@@ -60,8 +62,10 @@ class SharedWeights {
       const bool convert = tensor.dtype() != storage_, copy = resident_ && tensor.borrowed();
       if (!convert && !copy) continue;
       auto [it, inserted] = converted_.try_emplace(tensor.bytes());
-      if (inserted)
+      if (inserted) {
         it->second = convert ? tensor.to(storage_, TensorMemory::Streamed) : tensor.clone(TensorMemory::Streamed);
+        MappedFile::release_pages(tensor.bytes(), tensor.nbytes());  // every program binds the copy
+      }
       tensor = it->second;
     }
     return tensors;

@@ -3,16 +3,11 @@
 // GEMV) and the exported graphs, and the `--quantize` option of `npusim generate`.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <fstream>
-#include <sstream>
-
 #include "llm/model_dir.h"
 #include "llm/sampler.h"
 #include "llm/session.h"
 #include "qwen_tiny.h"
 #include "runtime/compare.h"
-#include "runtime/safetensors.h"
 
 namespace npusim {
 namespace {
@@ -62,50 +57,6 @@ TEST(QuantizedLlm, ExportedGraphsQuantizeToo) {
   const SessionOptions bf16{
       .dtype = DType::BFloat16, .prefill_ir = kTiny + "/prefill_ir.json", .decode_ir = kTiny + "/decode_ir.json"};
   expect_logits_follow(bf16, with_int8(bf16), "exported graphs");
-}
-
-// The bytes of the mapping that holds `address` resident in this process (its Rss in /proc/self/smaps).
-size_t resident_bytes_of_mapping(const std::byte* address) {
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  const auto at = reinterpret_cast<uintptr_t>(address);
-  while (std::getline(smaps, line)) {
-    unsigned long begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2) {
-      inside = begin <= at && at < end;
-    } else if (inside && line.rfind("Rss:", 0) == 0) {
-      std::istringstream fields(line.substr(4));
-      size_t kilobytes = 0;
-      fields >> kilobytes;
-      return kilobytes * 1024;
-    }
-  }
-  ADD_FAILURE() << "no mapping holds " << static_cast<const void*>(address);
-  return 0;
-}
-
-// The weights file's pages: read by the kernels of a session without quantization, given back once each linear weight
-// has its int8 form (the norms stay, with the pages the weights share with them), and read back from the file where
-// a kernel reads the weight itself (the embedding rows the prompt looks up).
-TEST(QuantizedLlm, MappedWeightsAreGivenBackOnceQuantized) {
-  const SafetensorsFile& file = tiny().weights().files().at(0);
-  const std::byte* mapped = nullptr;
-  for (const std::string& name : file.names())
-    if (const Tensor t = file.get(name); t.borrowed()) mapped = t.bytes();
-  ASSERT_NE(mapped, nullptr);
-  const SessionOptions fp32{.context = 64, .dtype = DType::Float32, .threads = 1};
-  const std::vector<int32_t> tokens = test::qwen_tiny_prompt();
-  Session plain(tiny(), fp32);
-  plain.feed(tokens);
-  const size_t resident_plain = resident_bytes_of_mapping(mapped);
-  EXPECT_GT(resident_plain, 400u << 10);
-  Session quantized(tiny(), with_int8(fp32));
-  const size_t resident_quantized = resident_bytes_of_mapping(mapped);
-  EXPECT_LT(resident_quantized, resident_plain / 4) << resident_plain << " bytes resident without int8";
-  const Comparison c = compare_tensors(test::logits_tensor(quantized.feed(tokens)),
-                                       test::logits_tensor(Session(tiny(), fp32).feed(tokens)));
-  EXPECT_GT(c.pearson, 0.999) << c.summary();
 }
 
 TEST(QuantizedLlm, DescribesAndChecksTheQuantization) {
