@@ -197,8 +197,9 @@ Kernel gemm_linear(const KernelContext& ctx, const LinearShape& s, std::shared_p
                                .scales = reinterpret_cast<const float*>(quantized->scales.data()),
                                .group = quantized->group};
   Kernel kernel;
-  kernel.run = [gemm, s, weight, owners = std::make_pair(std::move(packed), std::move(quantized)), pool = &ctx.pool,
-                scratch = &ctx.scratch] {
+  // What `weight` points into, kept alive with the kernel.
+  std::shared_ptr<const void> form = packed ? std::shared_ptr<const void>(std::move(packed)) : std::move(quantized);
+  kernel.run = [gemm, s, weight, form = std::move(form), pool = &ctx.pool, scratch = &ctx.scratch] {
     GemmEpilogue epilogue;
     epilogue.bias = bias_floats(s.bias, s.n, scratch->shared_as<float>());
     epilogue.bias_per_column = true;
