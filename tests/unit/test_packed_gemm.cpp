@@ -684,6 +684,43 @@ TEST(PackedGemm, BPackedOnceForAllWorkers) {
     }
 }
 
+// The message of the error `run` throws, or "" when it throws none.
+template <class Run>
+std::string error_of(const Run& run) {
+  try {
+    run();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PackedGemm, MisusedInt8WeightOperandsAreErrors) {
+  ThreadPool pool(1);
+  ScratchSpace scratch;
+  PackedGemm gemm({.m = 2, .n = 3, .k = 4}, scratch);
+  scratch.allocate(pool.size());
+  std::vector<float> a(8, 1.0f), c(6, -7.0f), scales(3, 0.5f);
+  const std::vector<int8_t> values = {1, 2, 3, 4, -1, -2, -3, -4, 0, 1, 0, 1};
+  const auto* a_data = reinterpret_cast<const std::byte*>(a.data());
+  const GemmOutput out{reinterpret_cast<std::byte*>(c.data()), Elem::F32, 3};
+  const Int8WeightOperand weight{.values = values.data(), .scales = scales.data(), .group = 4};
+  const auto run = [&](const GemmOperand& lhs, const GemmOperand& rhs) {
+    return error_of([&] { gemm.run(lhs, rhs, out, {}, pool, scratch); });
+  };
+  const StridedOperand x{a_data, Elem::F32, 4};
+  EXPECT_NE(run(weight, x).find("only B can be an int8 weight operand"), std::string::npos);
+  Int8WeightOperand no_group = weight;
+  no_group.group = 0;
+  EXPECT_NE(run(x, no_group).find("positive scale group"), std::string::npos);
+  Int8WeightOperand no_scales = weight;
+  no_scales.scales = nullptr;
+  EXPECT_NE(run(x, no_scales).find("no values or no scales"), std::string::npos);
+  EXPECT_EQ(c, std::vector<float>(6, -7.0f)) << "a rejected product wrote its output";
+  EXPECT_EQ(run(x, weight), "");
+  EXPECT_EQ(c, (std::vector<float>{5.0f, -5.0f, 1.0f, 5.0f, -5.0f, 1.0f}));
+}
+
 TEST(PackedGemm, MismatchedOperandsAreErrors) {
   ThreadPool pool(1);
   ScratchSpace scratch;
